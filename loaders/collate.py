@@ -1,0 +1,45 @@
+"""Stack uint8 samples into one batch tensor, without a float conversion or per-sample tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def collate_uint8(batch: Sequence[tuple[Any, Any]], pin_memory: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Collate ``(image, label)`` pairs of equal-sized images into ``(B×3×H×W uint8, B int64)``.
+
+    Images may be HxWx3 numpy arrays, 3xHxW uint8 tensors or PIL RGB images (use a crop or resize
+    transform first so that sizes agree). With ``pin_memory`` the batch is allocated in pinned
+    memory when CUDA is available, so the copy to the GPU can be ``non_blocking``.
+    """
+    if not batch:
+        raise ValueError("cannot collate an empty batch")
+    first = _as_chw(batch[0][0])
+    shape = (len(batch), *first.shape)
+    pin = pin_memory and torch.cuda.is_available()
+    images = torch.empty(shape, dtype=torch.uint8, pin_memory=pin)
+    for i, (image, _) in enumerate(batch):
+        chw = first if i == 0 else _as_chw(image)
+        if chw.shape != first.shape:
+            raise ValueError(f"sample {i} is {tuple(chw.shape)}, sample 0 is {tuple(first.shape)}; "
+                             "resize or crop to one size before collating")
+        images[i].copy_(chw)
+    labels = torch.tensor([int(label) for _, label in batch], dtype=torch.int64)
+    if pin:
+        labels = labels.pin_memory()
+    return images, labels
+
+
+def _as_chw(image: Any) -> torch.Tensor:
+    if isinstance(image, torch.Tensor):
+        if image.dtype != torch.uint8 or image.dim() != 3:
+            raise ValueError(f"expected a 3xHxW uint8 tensor, got {image.dtype} {tuple(image.shape)}")
+        return image
+    array = np.asarray(image)
+    if array.dtype != np.uint8 or array.ndim != 3 or array.shape[2] != 3:
+        raise ValueError(f"expected an HxWx3 uint8 image, got {array.dtype} {array.shape}")
+    return torch.from_numpy(array).permute(2, 0, 1)

@@ -1,0 +1,167 @@
+"""``PackedImageFolder``: a drop-in for torchvision's ``ImageFolder`` that reads a pack.
+
+It gives what ``ImageFolder`` gave, ``(image, class_index)`` with the same ``classes``,
+``class_to_idx`` and ``targets``, and the same ``transform``/``target_transform`` hooks, so a
+training script changes one line. The object holds only the pack's path, its options and small
+metadata: it pickles cheaply to spawned workers, and each process opens the pack itself on first
+use (an LMDB environment or memory map is never inherited across ``fork``).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from torch.utils.data import Dataset
+
+from packer.errors import ChecksumError, PackFormatError
+
+from .decode import decode_array, decode_pil, to_output
+from .read import PackReader
+from .sampler import PackSampler
+
+OUTPUTS = ("pil", "numpy", "tensor", "bytes")
+ON_ERROR = ("raise", "skip")
+
+
+class PackedImageFolder(Dataset):
+    """A pack read as an ``ImageFolder``: ``ds[i]`` is ``(image, class_index)``.
+
+    Args:
+        root: the ``.lmdb`` file or shards folder that ``pack`` wrote.
+        transform: applied to the image, as in ImageFolder.
+        target_transform: applied to the class index.
+        output: ``pil`` (RGB image, the default), ``numpy`` (HxWx3 uint8), ``tensor`` (3xHxW uint8)
+            or ``bytes`` (the stored payload, undecoded).
+        decode_size: (height, width) the images will be resized to; JPEGs are then decoded at a
+            reduced DCT scale that is still at least this size (faster; pixels differ slightly
+            from a full decode followed by the same resize).
+        exif_transpose: turn images upright by their EXIF orientation (ImageFolder does not).
+        verify: check each record's CRC-32 when it is read.
+        on_error: ``raise`` a clear error for a damaged record, or ``skip`` it with a warning and
+            return the next intact record in its place (so batches keep their size).
+        fast_jpeg: use libjpeg-turbo (simplejpeg) for JPEGs when installed.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], transform: Callable[[Any], Any] | None = None,
+                 target_transform: Callable[[int], Any] | None = None, *, output: str = "pil",
+                 decode_size: tuple[int, int] | None = None, exif_transpose: bool = False,
+                 verify: bool = False, on_error: str = "raise", fast_jpeg: bool = True) -> None:
+        if output not in OUTPUTS:
+            raise ValueError(f"unknown output {output!r}; choose one of {', '.join(OUTPUTS)}")
+        if on_error not in ON_ERROR:
+            raise ValueError(f"unknown on_error {on_error!r}; choose raise or skip")
+        self.root = Path(root)
+        self.transform = transform
+        self.target_transform = target_transform
+        self.output = output
+        self.decode_size = tuple(decode_size) if decode_size is not None else None
+        self.exif_transpose = exif_transpose
+        self.verify = verify
+        self.on_error = on_error
+        self.fast_jpeg = fast_jpeg
+        reader = PackReader(self.root)
+        try:
+            self.manifest: dict[str, Any] = reader.manifest
+            self.classes: list[str] = reader.classes
+            self.targets: list[int] = reader.labels().tolist()
+        finally:
+            reader.close()
+        self.class_to_idx: dict[str, int] = {name: i for i, name in enumerate(self.classes)}
+        self._reader: PackReader | None = None
+
+    # -- ImageFolder's surface -------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int) -> tuple[Any, Any]:
+        return self.__getitems__([index])[0]
+
+    def __getitems__(self, indices: list[int]) -> list[tuple[Any, Any]]:
+        """A whole batch: the reader fetches contiguous records in large requests, then decodes."""
+        reader = self.reader()
+        try:
+            views = reader.payloads(indices, verify=self.verify)
+        except ChecksumError:
+            if self.on_error == "raise":
+                raise
+            views = [None] * len(indices)  # fall back to one record at a time below
+        return [self._sample(reader, reader.normalize_index(i), view) for i, view in zip(indices, views, strict=True)]
+
+    @property
+    def encoding(self) -> str:
+        """How the pack stores images: keep, jpeg, png or raw."""
+        return self.manifest["encoding"]
+
+    @property
+    def samples(self) -> list[tuple[str, int]]:
+        """(original relative path, class index) of every record, as ImageFolder's ``samples``."""
+        reader = self.reader()
+        return [(reader.path_of(i), target) for i, target in enumerate(self.targets)]
+
+    imgs = samples
+
+    def path(self, index: int) -> str:
+        """The original relative path of record ``index``."""
+        return self.reader().path_of(index)
+
+    def sampler(self, shuffle: bool = True, seed: int = 0, **options: Any) -> PackSampler:
+        """A ``PackSampler`` for this pack: block-shuffled (reads stay sequential), split over
+        DDP ranks with equal counts, resumable. ``options`` go to ``PackSampler``."""
+        return PackSampler(len(self), shuffle=shuffle, seed=seed, **options)
+
+    # -- reading ---------------------------------------------------------------------------
+    def reader(self) -> PackReader:
+        """This process's reader, opened on first use (and again after a fork)."""
+        if self._reader is None or self._reader.pid != os.getpid():
+            self._reader = PackReader(self.root)
+        return self._reader
+
+    def _sample(self, reader: PackReader, index: int, view: memoryview | None) -> tuple[Any, Any]:
+        for attempt in range(len(self)):
+            candidate = (index + attempt) % len(self)
+            try:
+                if view is None or attempt:
+                    view = reader.payload(candidate, verify=self.verify)
+                image = self._decode(reader, candidate, view)
+            except (ChecksumError, PackFormatError, OSError, ValueError, SyntaxError) as exc:
+                if self.on_error == "raise":
+                    if isinstance(exc, PackFormatError):
+                        raise
+                    raise PackFormatError(f"{reader.where(candidate)}: cannot decode ({exc}); "
+                                          "run `packload verify` on the pack") from exc
+                warnings.warn(f"skipping damaged {reader.where(candidate)}: {exc}", stacklevel=3)
+                continue
+            target = self.targets[candidate]
+            if self.transform is not None:
+                image = self.transform(image)
+            if self.target_transform is not None:
+                target = self.target_transform(target)
+            return image, target
+        raise PackFormatError(f"{self.root}: no intact record left to return")
+
+    def _decode(self, reader: PackReader, index: int, view: memoryview) -> Any:
+        if self.output == "bytes":
+            return bytes(view)
+        entry = reader.entries[index]
+        fmt = reader.format_of(index)
+        width, height = int(entry["width"]), int(entry["height"])
+        orientation = int(entry["orientation"]) if self.exif_transpose else 0
+        if self.output == "pil":
+            return decode_pil(view, fmt, width, height, self.decode_size, orientation)
+        mode = entry["mode"].decode("ascii", "replace")
+        pixels = decode_array(view, fmt, mode, width, height, self.decode_size, orientation, self.fast_jpeg)
+        return to_output(pixels, self.output)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_reader"] = None  # OS resources stay in the process that opened them
+        return state
+
+    def __repr__(self) -> str:
+        return (f"PackedImageFolder({str(self.root)!r}, records={len(self)}, classes={len(self.classes)}, "
+                f"encoding={self.encoding!r}, output={self.output!r})")
+

@@ -1,0 +1,33 @@
+"""packload's writer side: turn a folder of images into a pack (an LMDB file or shards folder).
+
+``pack(src, dst)`` is the whole job; ``packer.format`` defines what it writes.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .encode import EncodeOptions  # noqa: E402
+from .errors import (  # noqa: E402
+    ChecksumError,
+    IncompletePackError,
+    PackFormatError,
+    PackloadError,
+    SkippedFileError,
+    UsageError,
+    WriteError,
+)
+from .pack import pack  # noqa: E402
+
+__all__ = [
+    "ChecksumError",
+    "EncodeOptions",
+    "IncompletePackError",
+    "PackFormatError",
+    "PackloadError",
+    "SkippedFileError",
+    "UsageError",
+    "WriteError",
+    "__version__",
+    "pack",
+]

@@ -1,0 +1,315 @@
+"""Pack an image folder: scan, check and encode in parallel, write in order, publish atomically.
+
+Data flows one way: ``scan`` lists the files, worker processes run ``encode`` on consecutive
+runs of them, and this process writes the results in scan order through one backend writer into
+``DEST.partial``. Only a finished pack is renamed to ``DEST``, so a killed ``pack`` never leaves
+anything that looks complete; ``resume=True`` continues from the last intact record.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import errno
+import os
+import shutil
+import time
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from . import __version__
+from .encode import Encoded, EncodeOptions, Skipped, encode_chunk
+from .errors import PackFormatError, SkippedFileError, UsageError, WriteError
+from .format import FORMAT_NAME, FORMAT_VERSION, RecordMeta
+from .scan import Sample, ScanResult, scan_folder
+from .write_lmdb import LmdbWriter
+from .write_shards import ShardsWriter, fsync_dir
+
+DEFAULT_SHARD_SIZE = 256 << 20
+CHUNK_FILES = 64  # files per task sent to a worker
+CHECKPOINT_SECONDS = 5.0
+
+
+def backend_for(dst: Path, backend: str | None) -> str:
+    """The backend a destination asks for: ``--format`` if given, else ``.lmdb`` → lmdb, else shards."""
+    if backend is None:
+        return "lmdb" if dst.suffix.lower() == ".lmdb" else "shards"
+    if backend not in ("lmdb", "shards"):
+        raise UsageError(f"unknown --format {backend!r}; choose lmdb or shards")
+    return backend
+
+
+def partial_path(dst: Path) -> Path:
+    """Where an unfinished pack of ``dst`` is written: ``DEST.partial``."""
+    return dst.with_name(dst.name + ".partial")
+
+
+def available_cpus() -> int:
+    """CPUs this process may use (affinity-aware), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)
+
+
+def _check_destination(src: Path, dst: Path, overwrite: bool) -> None:
+    parent = dst.parent if str(dst.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"{dst}: the folder {parent} does not exist; create it first")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{dst}: cannot write in {parent}; choose a destination you can write to")
+    if dst.exists() and not overwrite:
+        raise UsageError(f"{dst}: already exists; add --overwrite to replace it, or choose another name")
+    src_real, dst_real = src.resolve(), dst.resolve()
+    if dst_real == src_real or src_real in dst_real.parents:
+        raise UsageError(f"{dst}: is inside the source folder {src}; write the pack somewhere else")
+
+
+def _source_bytes(scan: ScanResult) -> int:
+    total = 0
+    for sample in scan.samples:
+        try:
+            total += os.path.getsize(scan.root / sample.path)
+        except OSError:
+            pass  # reported as skipped when encoded
+    return total
+
+
+def _tasks(samples: list[Sample], start: int) -> Iterator[list[Sample]]:
+    for i in range(start, len(samples), CHUNK_FILES):
+        yield samples[i : i + CHUNK_FILES]
+
+
+def _encoded_stream(root: Path, samples: list[Sample], start: int, options: EncodeOptions,
+                    workers: int) -> Iterator[Encoded | Skipped]:
+    """Encode ``samples[start:]`` in order, on ``workers`` processes, with bounded memory."""
+    if workers <= 1:
+        for chunk in _tasks(samples, start):
+            yield from encode_chunk(str(root), chunk, options)
+        return
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        in_flight: deque[Future[list[Encoded | Skipped]]] = deque()
+        tasks = _tasks(samples, start)
+        for chunk in tasks:
+            in_flight.append(pool.submit(encode_chunk, str(root), chunk, options))
+            if len(in_flight) >= 4 * workers:
+                break
+        while in_flight:
+            results = in_flight.popleft().result()
+            chunk = next(tasks, None)
+            if chunk is not None:
+                in_flight.append(pool.submit(encode_chunk, str(root), chunk, options))
+            yield from results
+
+
+def _resume_point(scan: ScanResult, kept: list[RecordMeta], progress: dict[str, Any],
+                  options: dict[str, Any]) -> tuple[int, list[dict[str, str]]]:
+    """Where to go on after ``kept`` records; refuses when the source or options have changed."""
+    if progress.get("options") != options:
+        raise UsageError(f"the unfinished pack was started with other options ({progress.get('options')}); "
+                         "resume with the same options, or start over with --overwrite")
+    changed = f"{scan.root}: the source folder changed since the pack was interrupted"
+    position = {sample.path: i for i, sample in enumerate(scan.samples)}
+    last = -1
+    packed = set()
+    for meta in kept:
+        pos = position.get(meta.path, -1)
+        if pos <= last or scan.samples[pos].label != meta.label:
+            raise UsageError(f"{changed} ({meta.path}); start over with --overwrite")
+        packed.add(pos)
+        last = pos
+    skipped = [s for s in progress.get("skipped", []) if s["pos"] <= last]
+    # A skip noted after the last checkpoint may be missing: check those files again.
+    noted = packed | {s["pos"] for s in skipped}
+    for pos in (p for p in range(last + 1) if p not in noted):
+        [item] = encode_chunk(str(scan.root), [scan.samples[pos]], options_from_record(options))
+        if not isinstance(item, Skipped):
+            raise UsageError(f"{changed} ({item.path}); start over with --overwrite")
+        skipped.append({"path": item.path, "reason": item.reason, "pos": pos})
+    skipped.sort(key=lambda s: s["pos"])
+    return last + 1, skipped
+
+
+def options_from_record(record: dict[str, Any]) -> EncodeOptions:
+    """The ``EncodeOptions`` noted in a manifest's or progress record's ``options``."""
+    fields = {k: v for k, v in record.items() if k in EncodeOptions.__dataclass_fields__}
+    if fields.get("size") is not None:
+        fields["size"] = tuple(fields["size"])
+    return EncodeOptions(**fields)
+
+
+def _publish(tmp: Path, dst: Path) -> None:
+    """Rename the finished pack into place, replacing an old one only after the new one is whole."""
+    old = None
+    if dst.exists() or dst.is_symlink():
+        old = dst.with_name(f"{dst.name}.old-{os.getpid()}")
+        os.replace(dst, old)
+    os.replace(tmp, dst)
+    fsync_dir(dst.parent if str(dst.parent) else Path("."))
+    if old is not None:
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old)
+        else:
+            old.unlink()
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+    Path(str(path) + "-lock").unlink(missing_ok=True)
+
+
+def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: str | None = None,
+         options: EncodeOptions | None = None, workers: int | None = None,
+         shard_size: int = DEFAULT_SHARD_SIZE, overwrite: bool = False, resume: bool = False,
+         strict: bool = False, progress: bool = True) -> dict[str, Any]:
+    """Pack the ImageFolder tree ``src`` into ``dst`` (an LMDB file or a shards folder).
+
+    Files that fail their check are skipped and listed in the manifest (``strict=True`` makes the
+    first one an error). Returns a summary: counts, sizes, time and rates.
+    """
+    started = time.perf_counter()
+    src_path, dst_path = Path(src), Path(dst)
+    options = options or EncodeOptions()
+    backend = backend_for(dst_path, backend)
+    workers = available_cpus() if workers is None else workers
+    if workers < 1:
+        raise UsageError(f"--workers {workers}: give at least 1")
+    if shard_size < 1 << 16:
+        raise UsageError(f"--shard-size {shard_size}: give at least 64 KiB (for example 256M)")
+    scan = scan_folder(src_path)
+    _check_destination(src_path, dst_path, overwrite)
+    source_bytes = _source_bytes(scan)
+    tmp = partial_path(dst_path)
+    options_record = {"backend": backend, **asdict(options)}
+    if options.size is not None:
+        options_record["size"] = list(options.size)
+
+    map_size = max(64 << 20, 2 * source_bytes + (64 << 20))
+    if options.encoding == "raw":
+        map_size = max(map_size, 8 * source_bytes)
+    writer: ShardsWriter | LmdbWriter
+    if tmp.exists() and resume:
+        try:
+            if backend == "lmdb":
+                writer, kept, noted = LmdbWriter.resume(tmp, map_size)
+            else:
+                writer, kept, noted = ShardsWriter.resume(tmp, shard_size)
+        except PackFormatError as exc:
+            raise UsageError(str(exc)) from None
+        start, skipped = _resume_point(scan, kept, noted, options_record)
+    else:
+        if tmp.exists() or Path(str(tmp) + "-lock").exists():
+            if not overwrite:
+                raise UsageError(f"{tmp}: an unfinished pack is there; add --resume to finish it, "
+                                 "or --overwrite to start over")
+            _remove(tmp)
+        try:
+            if backend == "lmdb":
+                writer = LmdbWriter(tmp, map_size)
+            else:
+                tmp.mkdir()
+                writer = ShardsWriter(tmp, shard_size)
+        except OSError as exc:
+            raise WriteError(f"{tmp}: cannot create ({exc.strerror}); check the destination") from None
+        start, skipped = 0, []
+
+    try:
+        manifest = _write_all(scan, writer, start, skipped, options, options_record, workers, strict,
+                              progress, source_bytes)
+        manifest["source"]["bytes"] = source_bytes
+    except OSError as exc:
+        writer.close()
+        if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+            raise WriteError(f"{dst_path}: {exc.strerror} while writing; free space (or raise the file-size "
+                             f"limit), then rerun with --resume; the unfinished pack is at {tmp}") from None
+        raise WriteError(f"{dst_path}: write failed ({exc.strerror or exc}); the unfinished pack is at {tmp}") from None
+    except BaseException:
+        writer.close()
+        raise
+    _publish(tmp, dst_path)
+    seconds = time.perf_counter() - started
+    pack_bytes = _size_on_disk(dst_path)
+    return {
+        "destination": str(dst_path),
+        "backend": backend,
+        "encoding": options.encoding,
+        "records": manifest["records"],
+        "classes": len(manifest["classes"]),
+        "skipped": len(manifest["skipped"]),
+        "ignored": len(manifest["ignored"]),
+        "source_bytes": source_bytes,
+        "pack_bytes": pack_bytes,
+        "seconds": round(seconds, 3),
+        "files_per_s": round(len(scan.samples) / seconds, 1) if seconds > 0 else None,
+        "mb_per_s": round(source_bytes / seconds / 1e6, 1) if seconds > 0 else None,
+        "resumed_at": start if start else None,
+    }
+
+
+def _size_on_disk(path: Path) -> int:
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+    return path.stat().st_size
+
+
+def _write_all(scan: ScanResult, writer: ShardsWriter | LmdbWriter, start: int, skipped: list[dict[str, Any]],
+               options: EncodeOptions, options_record: dict[str, Any], workers: int, strict: bool,
+               progress: bool, source_bytes: int) -> dict[str, Any]:
+    """Feed every sample from ``start`` on through the encoder into ``writer``; finish the pack."""
+    total = len(scan.samples)
+    written_bytes = 0
+    last_checkpoint = time.monotonic()
+    bar = tqdm(total=total, initial=start, unit="img", disable=not progress, dynamic_ncols=True,
+               desc=f"pack {scan.root.name}", smoothing=0.1)
+    tick = time.perf_counter()
+    try:
+        for pos, item in enumerate(_encoded_stream(scan.root, scan.samples, start, options, workers), start):
+            if isinstance(item, Skipped):
+                if strict:
+                    raise SkippedFileError(f"{scan.root / item.path}: {item.reason}; fix or remove the file, "
+                                           "or pack without --strict to skip it and list it in the manifest")
+                skipped.append({"path": item.path, "reason": item.reason, "pos": pos})
+            else:
+                writer.write(item)
+                written_bytes += item.source_bytes
+            bar.update(1)
+            now = time.monotonic()
+            if now - last_checkpoint >= CHECKPOINT_SECONDS:
+                writer.checkpoint({"options": options_record, "skipped": skipped})
+                last_checkpoint = now
+            if progress and pos % 256 == 0:
+                elapsed = time.perf_counter() - tick
+                bar.set_postfix_str(f"{written_bytes / max(elapsed, 1e-9) / 1e6:.0f} MB/s", refresh=False)
+    finally:
+        bar.close()
+    if writer.index.count == 0:
+        writer.close()
+        raise UsageError(f"{scan.root}: none of the {total} image files could be packed "
+                         f"(first problem: {skipped[0]['path']}: {skipped[0]['reason']})")
+    labels = writer.index.labels()
+    manifest = {
+        "format": FORMAT_NAME,
+        "version": FORMAT_VERSION,
+        "backend": options_record["backend"],
+        "encoding": options.encoding,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "packload_version": __version__,
+        "source": {"name": scan.root.resolve().name, "files": total, "bytes": source_bytes},
+        "labelled": scan.labelled,
+        "classes": scan.classes,
+        "class_counts": {name: int((labels == i).sum()) for i, name in enumerate(scan.classes)},
+        "records": writer.index.count,
+        "payload_bytes": writer.index.payload_bytes,
+        "skipped": [{"path": s["path"], "reason": s["reason"]} for s in skipped],
+        "ignored": scan.ignored,
+        "options": options_record,
+    }
+    return writer.finish(manifest)

@@ -1,0 +1,175 @@
+"""Write records into one LMDB file, as chunks of consecutive records, index and manifest last.
+
+Each LMDB value is a chunk of about ``chunk_size`` bytes of whole records. Large values sit in
+contiguous overflow pages, so a chunk reads sequentially, and the pack stays within a fraction
+of a percent of the payload size (one value per small image would waste most of a 4 KiB page
+each). The file is written under a temporary name; the caller renames it into place after
+``finish``. Until then it holds no manifest, so no reader accepts it as a pack.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import zlib
+from pathlib import Path
+from typing import Any
+
+import lmdb
+
+from .encode import Encoded
+from .errors import PackFormatError, WriteError
+from .format import (
+    LMDB_CHUNK_PREFIX,
+    LMDB_INDEX_KEY,
+    LMDB_MANIFEST_KEY,
+    RecordMeta,
+    decode_record_header,
+    encode_manifest,
+    encode_record,
+    lmdb_chunk_key,
+)
+from .index_builder import IndexBuilder
+
+PROGRESS_KEY = b"#progress"  # only in an unfinished pack: what --resume needs
+CHUNK_SIZE = 1 << 20
+COMMIT_BYTES = 64 << 20  # chunks per write transaction, by size
+
+
+def open_env(path: Path, map_size: int) -> lmdb.Environment:
+    """Open (or create) the single-file environment for writing."""
+    return lmdb.open(str(path), subdir=False, map_size=map_size, sync=False, metasync=False,
+                     readahead=False, meminit=False, max_dbs=0)
+
+
+def remove_lock_file(path: Path) -> None:
+    """LMDB leaves ``NAME-lock`` beside a file it wrote; a finished pack is one file."""
+    Path(str(path) + "-lock").unlink(missing_ok=True)
+
+
+class LmdbWriter:
+    """Appends records to chunks and chunks to an LMDB file, growing the map when it fills."""
+
+    def __init__(self, path: Path, map_size: int, chunk_size: int = CHUNK_SIZE) -> None:
+        self.path = path
+        self.chunk_size = chunk_size
+        self.env = open_env(path, map_size)
+        self.index = IndexBuilder()
+        self.chunks = 0  # chunks handed to _pending or committed
+        self._chunk = bytearray()
+        self._pending: list[tuple[bytes, bytes]] = []
+        self._pending_bytes = 0
+
+    def write(self, item: Encoded) -> None:
+        """Append one record to the current chunk, sealing the chunk when it is full."""
+        meta = RecordMeta(self.index.count, item.label, item.width, item.height, item.format,
+                          item.mode, item.orientation, item.path)
+        head, crc = encode_record(meta, item.payload)
+        if self._chunk and len(self._chunk) + len(head) + len(item.payload) > self.chunk_size:
+            self._seal_chunk()
+        self.index.add(meta, self.chunks, len(self._chunk), len(item.payload), crc)
+        self._chunk += head
+        self._chunk += item.payload
+
+    def _seal_chunk(self) -> None:
+        self._pending.append((lmdb_chunk_key(self.chunks), bytes(self._chunk)))
+        self._pending_bytes += len(self._chunk)
+        self.chunks += 1
+        self._chunk.clear()
+        if self._pending_bytes >= COMMIT_BYTES:
+            self._commit({})
+
+    def _commit(self, extra: dict[bytes, bytes | None]) -> None:
+        """Write the sealed chunks and ``extra`` keys (None deletes) in one transaction."""
+        while True:
+            try:
+                with self.env.begin(write=True) as txn:
+                    for key, value in self._pending:
+                        txn.put(key, value, append=True)
+                    for key, value in extra.items():
+                        if value is None:
+                            txn.delete(key)
+                        else:
+                            txn.put(key, value)
+                break
+            except lmdb.MapFullError:
+                self.env.set_mapsize(self.env.info()["map_size"] * 2)
+            except lmdb.Error as exc:
+                raise WriteError(f"{self.path}: LMDB write failed ({exc}); check free disk space") from None
+        self._pending.clear()
+        self._pending_bytes = 0
+
+    def checkpoint(self, progress: dict[str, Any]) -> None:
+        """Make the records written so far durable and note ``progress`` for ``--resume``."""
+        if self._chunk:
+            self._seal_chunk()
+        self._commit({PROGRESS_KEY: json.dumps(progress).encode("utf-8")})
+        self.env.sync(True)
+
+    def finish(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Store the last chunk, the index and then the manifest; return the manifest."""
+        if self._chunk:
+            self._seal_chunk()
+        index = self.index.to_bytes()
+        manifest = dict(manifest, parts={"chunks": self.chunks, "chunk_size": self.chunk_size},
+                        index={"name": LMDB_INDEX_KEY.decode(), "size": len(index),
+                               "sha256": hashlib.sha256(index).hexdigest()})
+        self._commit({LMDB_INDEX_KEY: index, PROGRESS_KEY: None})
+        self._commit({LMDB_MANIFEST_KEY: encode_manifest(manifest)})
+        self.env.sync(True)
+        self.close()
+        return manifest
+
+    def close(self) -> None:
+        """Close the environment and remove its lock file; what was committed stays for --resume."""
+        if self.env is not None:
+            self.env.close()
+            self.env = None
+        remove_lock_file(self.path)
+
+    @classmethod
+    def resume(cls, path: Path, map_size: int) -> tuple[LmdbWriter, list[RecordMeta], dict[str, Any]]:
+        """Reopen an unfinished LMDB pack: keep every intact chunk in order, drop the rest."""
+        writer = cls(path, max(map_size, os.path.getsize(path) * 2))
+        with writer.env.begin() as txn:
+            raw = txn.get(PROGRESS_KEY)
+        if raw is None:
+            writer.close()
+            raise PackFormatError(f"{path}: no progress record; this unfinished pack cannot be resumed: "
+                                  "start over with --overwrite")
+        progress = json.loads(raw)
+        kept: list[RecordMeta] = []
+        stale: list[bytes] = []
+        with writer.env.begin() as txn:
+            cursor = txn.cursor()
+            cursor.set_range(LMDB_CHUNK_PREFIX)
+            for key, value in cursor:
+                if not key.startswith(LMDB_CHUNK_PREFIX):
+                    break
+                if stale or key != lmdb_chunk_key(writer.chunks) or not _add_chunk(writer, value, kept):
+                    stale.append(key)
+                    continue
+                writer.chunks += 1
+        if stale:
+            writer._commit(dict.fromkeys(stale))
+        return writer, kept, progress
+
+
+def _add_chunk(writer: LmdbWriter, value: bytes, kept: list[RecordMeta]) -> bool:
+    """Add a stored chunk's records to the writer's index if every one is intact."""
+    records = []
+    offset = 0
+    try:
+        while offset < len(value):
+            meta, payload_start, payload_len, crc = decode_record_header(value, offset)
+            if meta.record != len(kept) + len(records) or zlib.crc32(value[payload_start:payload_start + payload_len]) != crc:
+                return False
+            records.append((meta, offset, payload_len, crc))
+            offset = payload_start + payload_len
+    except PackFormatError:
+        return False
+    for meta, record_offset, payload_len, crc in records:
+        writer.index.add(meta, writer.chunks, record_offset, payload_len, crc)
+        kept.append(meta)
+    return True

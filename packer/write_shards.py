@@ -1,0 +1,216 @@
+"""Write records into a folder of shard files, with an index and a manifest published last.
+
+The folder being written is a temporary one (``DEST.partial``); the caller renames it into place
+after ``finish``. Until then it has no manifest, so no reader accepts it as a pack.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import struct
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .encode import Encoded
+from .errors import PackFormatError
+from .format import (
+    FORMAT_VERSION,
+    INDEX_NAME,
+    MANIFEST_NAME,
+    SHARD_HEADER,
+    SHARD_MAGIC,
+    RecordMeta,
+    decode_record_header,
+    encode_manifest,
+    encode_record,
+    shard_name,
+)
+from .index_builder import IndexBuilder
+
+PROGRESS_NAME = "progress.json"  # only in an unfinished pack: what --resume needs
+WRITE_BUFFER = 8 << 20
+
+
+def write_file_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file, fsync and rename: never half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename inside ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _shard_header(part: int) -> bytes:
+    header = np.zeros(1, SHARD_HEADER)
+    header[0] = (SHARD_MAGIC, FORMAT_VERSION, part, 0)
+    return header.tobytes()
+
+
+class ShardsWriter:
+    """Appends records to ``shard-NNNNN.bin`` files of about ``shard_size`` bytes each."""
+
+    def __init__(self, folder: Path, shard_size: int) -> None:
+        self.folder = folder
+        self.shard_size = shard_size
+        self.index = IndexBuilder()
+        self.parts: list[dict[str, Any]] = []  # finished shards: name, size, sha256, records
+        self._file: Any = None
+        self._hash = hashlib.sha256()
+        self._offset = 0
+        self._part_records = 0
+
+    # -- writing ---------------------------------------------------------------------------
+    def _open_part(self, part: int) -> None:
+        self._file = open(self.folder / shard_name(part), "wb", buffering=WRITE_BUFFER)
+        header = _shard_header(part)
+        self._file.write(header)
+        self._hash = hashlib.sha256(header)
+        self._offset = len(header)
+        self._part_records = 0
+
+    def _close_part(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        self._file = None
+        part = len(self.parts)
+        self.parts.append({"name": shard_name(part), "size": self._offset,
+                           "sha256": self._hash.hexdigest(), "records": self._part_records})
+
+    def write(self, item: Encoded) -> None:
+        """Append one record, starting a new shard when this one would pass ``shard_size``."""
+        meta = RecordMeta(self.index.count, item.label, item.width, item.height, item.format,
+                          item.mode, item.orientation, item.path)
+        head, crc = encode_record(meta, item.payload)
+        size = len(head) + len(item.payload)
+        if self._file is None:
+            self._open_part(len(self.parts))
+        elif self._part_records and self._offset + size > self.shard_size:
+            self._close_part()
+            self._open_part(len(self.parts))
+        self._file.write(head)
+        self._file.write(item.payload)
+        self._hash.update(head)
+        self._hash.update(item.payload)
+        self.index.add(meta, len(self.parts), self._offset, len(item.payload), crc)
+        self._offset += size
+        self._part_records += 1
+
+    def checkpoint(self, progress: dict[str, Any]) -> None:
+        """Make the records written so far durable and note ``progress`` for ``--resume``."""
+        if self._file is not None:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        write_file_atomic(self.folder / PROGRESS_NAME, json.dumps(progress).encode("utf-8"))
+
+    def finish(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Close the last shard, write the index, then the manifest; return the manifest."""
+        if self._file is not None:
+            self._close_part()
+        index = self.index.to_bytes()
+        write_file_atomic(self.folder / INDEX_NAME, index)
+        manifest = dict(manifest, parts=self.parts,
+                        index={"name": INDEX_NAME, "size": len(index), "sha256": hashlib.sha256(index).hexdigest()})
+        (self.folder / PROGRESS_NAME).unlink(missing_ok=True)
+        write_file_atomic(self.folder / MANIFEST_NAME, encode_manifest(manifest))
+        fsync_dir(self.folder)
+        return manifest
+
+    def close(self) -> None:
+        """Release the open shard (after an error); what was written stays for ``--resume``."""
+        if self._file is not None:
+            try:
+                self._file.close()
+            except OSError:
+                pass  # the disk may be full: the error that got us here is the one to report
+            self._file = None
+
+    # -- resuming --------------------------------------------------------------------------
+    @classmethod
+    def resume(cls, folder: Path, shard_size: int) -> tuple[ShardsWriter, list[RecordMeta], dict[str, Any]]:
+        """Reopen an unfinished shards folder: keep every intact record, cut off the rest.
+
+        Returns the writer positioned after the last intact record, the kept records' metadata
+        in order, and the progress noted at the last checkpoint.
+        """
+        try:
+            progress = json.loads((folder / PROGRESS_NAME).read_text("utf-8"))
+        except (OSError, ValueError):
+            raise PackFormatError(f"{folder}: no readable {PROGRESS_NAME}; this unfinished pack cannot be "
+                                  "resumed: start over with --overwrite") from None
+        writer = cls(folder, shard_size)
+        kept: list[RecordMeta] = []
+        last_digest = hashlib.sha256()
+        part = 0
+        while (folder / shard_name(part)).exists():
+            path = folder / shard_name(part)
+            end, records, digest = _intact_prefix(path, part, len(kept))
+            if end == 0:
+                break
+            for meta, offset, length, crc in records:
+                writer.index.add(meta, part, offset, length, crc)
+                kept.append(meta)
+            whole = end == path.stat().st_size
+            if not whole:
+                os.truncate(path, end)
+            writer.parts.append({"name": path.name, "size": end, "sha256": digest.hexdigest(),
+                                 "records": len(records)})
+            last_digest = digest
+            part += 1
+            if not whole:
+                break
+        for stale in folder.glob("shard-*.bin"):
+            if stale.name >= shard_name(part):
+                stale.unlink()
+        if writer.parts:  # go on appending to the last shard
+            last = writer.parts.pop()
+            writer._file = open(folder / last["name"], "ab", buffering=WRITE_BUFFER)
+            writer._hash = last_digest
+            writer._offset = last["size"]
+            writer._part_records = last["records"]
+        return writer, kept, progress
+
+
+def _intact_prefix(path: Path, part: int, first_record: int) -> tuple[int, list[tuple], Any]:
+    """Scan shard ``path`` for intact records (header and payload checksums right, numbered on
+    from ``first_record``). Returns the byte length of the intact prefix (0 if the shard header
+    itself is bad), (meta, offset, payload_len, crc) for each record, and a sha256 of the prefix."""
+    records: list[tuple] = []
+    size = path.stat().st_size
+    digest = hashlib.sha256()
+    if size < SHARD_HEADER.itemsize:
+        return 0, records, digest
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        magic, _, number, _ = struct.unpack_from("<4sIII", data, 0)
+        if magic != SHARD_MAGIC or number != part:
+            return 0, records, digest
+        offset = SHARD_HEADER.itemsize
+        while offset < size:
+            try:
+                meta, payload_start, payload_len, crc = decode_record_header(data, offset)
+            except PackFormatError:
+                break
+            if meta.record != first_record + len(records):
+                break
+            if zlib.crc32(data[payload_start : payload_start + payload_len]) != crc:
+                break
+            records.append((meta, offset, payload_len, crc))
+            offset = payload_start + payload_len
+        digest.update(data[:offset])
+    return offset, records, digest
