@@ -24,6 +24,7 @@ import numpy as np
 
 from packer.errors import ChecksumError, IncompletePackError, PackFormatError, UsageError
 from packer.format import (
+    INDEX_ENTRY,
     INDEX_NAME,
     LMDB_INDEX_KEY,
     LMDB_MANIFEST_KEY,
@@ -53,6 +54,36 @@ def _madvise_willneed(view: memoryview) -> None:
     _libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(address + len(view) - start), _MADV_WILLNEED)
 
 
+class _SharedEnvironments:
+    """LMDB allows one open environment per file per process, so readers of the same file in one
+    process share it (each with its own read transaction). Keyed by real path and process id, so a
+    forked child never touches its parent's environment; closed when its last reader closes."""
+
+    def __init__(self) -> None:
+        self._open: dict[tuple[str, int], list[Any]] = {}
+
+    def acquire(self, path: Path) -> lmdb.Environment:
+        key = (os.path.realpath(path), os.getpid())
+        slot = self._open.get(key)
+        if slot is None:
+            env = lmdb.open(str(path), subdir=False, readonly=True, lock=False, readahead=True, max_readers=1)
+            slot = self._open[key] = [env, 0]
+        slot[1] += 1
+        return slot[0]
+
+    def release(self, path: Path) -> None:
+        key = (os.path.realpath(path), os.getpid())
+        slot = self._open.get(key)
+        if slot is not None:
+            slot[1] -= 1
+            if slot[1] == 0:
+                del self._open[key]
+                slot[0].close()
+
+
+_ENVIRONMENTS = _SharedEnvironments()
+
+
 def detect_backend(path: Path) -> str:
     """``shards`` for a folder, ``lmdb`` for a file; clear errors for anything else."""
     if path.is_dir():
@@ -77,14 +108,18 @@ class PackReader:
         self._env: lmdb.Environment | None = None
         self._txn: Any = None
         self._chunk_cache: tuple[int, memoryview] | None = None
-        if self.backend == "shards":
-            self._open_shards()
-        else:
-            self._open_lmdb()
-        self.records = len(self.entries)
-        if self.records != self.manifest["records"]:
-            raise PackFormatError(f"{self.path}: manifest says {self.manifest['records']} records, "
-                                  f"index holds {self.records}; the pack is damaged")
+        try:
+            if self.backend == "shards":
+                self._open_shards()
+            else:
+                self._open_lmdb()
+            self.records = len(self.entries)
+            if self.records != self.manifest["records"]:
+                raise PackFormatError(f"{self.path}: manifest says {self.manifest['records']} records, "
+                                      f"index holds {self.records}; the pack is damaged")
+        except BaseException:
+            self.close()
+            raise
 
     # -- opening ---------------------------------------------------------------------------
     def _open_shards(self) -> None:
@@ -127,8 +162,7 @@ class PackReader:
 
     def _open_lmdb(self) -> None:
         try:
-            self._env = lmdb.open(str(self.path), subdir=False, readonly=True, lock=False, readahead=True,
-                                  max_readers=1)
+            self._env = _ENVIRONMENTS.acquire(self.path)
         except lmdb.Error as exc:
             raise UsageError(f"{self.path}: not an LMDB file ({exc}); give the .lmdb file that `pack` wrote") from None
         self._txn = self._env.begin(buffers=True)
@@ -198,7 +232,8 @@ class PackReader:
         self._chunk_cache = (part, value)
         return value
 
-    def _part_view(self, part: int) -> memoryview:
+    def part_view(self, part: int) -> memoryview:
+        """The whole of shard or chunk ``part``, as a zero-copy view."""
         if self.backend == "shards":
             return memoryview(self._shard(part))
         return self._chunk(part)
@@ -209,7 +244,7 @@ class PackReader:
         entry = self.entries[i]
         start = int(entry["payload_offset"])
         end = start + int(entry["payload_len"])
-        part = self._part_view(int(entry["part"]))
+        part = self.part_view(int(entry["part"]))
         if end > len(part):
             raise PackFormatError(f"{self.where(i)}: payload runs past the end of its part; the pack is damaged")
         view = part[start:end]
@@ -240,10 +275,16 @@ class PackReader:
             first, last = int(members[0]), int(members[-1])
             if ends[last] - starts[first] < 64 * 1024:
                 continue  # small: the page fault's own read-around covers it
-            view = self._part_view(int(parts[first]))
+            view = self.part_view(int(parts[first]))
             stop = min(int(ends[last]), len(view))
             if stop > starts[first]:
                 _madvise_willneed(view[int(starts[first]) : stop])
+
+    def index_bytes(self) -> bytes:
+        """The index exactly as stored (for checksums)."""
+        if self.backend == "shards":
+            return bytes(self._index_map)
+        return bytes(self._txn.get(LMDB_INDEX_KEY))
 
     def close(self) -> None:
         """Release the maps and the LMDB environment."""
@@ -252,7 +293,7 @@ class PackReader:
             self._txn.abort()
             self._txn = None
         if self._env is not None:
-            self._env.close()
+            _ENVIRONMENTS.release(self.path)
             self._env = None
         for mapped in self._maps.values():
             try:
@@ -262,7 +303,7 @@ class PackReader:
         self._maps.clear()
         index_map = getattr(self, "_index_map", None)
         if index_map is not None:
-            self.entries = self.entries[:0].copy()
+            self.entries = np.zeros(0, INDEX_ENTRY)
             try:
                 index_map.close()
             except BufferError:

@@ -17,7 +17,7 @@ from .errors import (  # noqa: E402
     UsageError,
     WriteError,
 )
-from .pack import pack  # noqa: E402
+from .pipeline import pack  # noqa: E402
 
 __all__ = [
     "ChecksumError",

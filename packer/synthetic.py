@@ -14,6 +14,7 @@ number of worker processes or on how work is chunked.
 
 from __future__ import annotations
 
+import ctypes
 import io
 import math
 import multiprocessing
@@ -261,6 +262,22 @@ def _write_chunk(job: _Job) -> int:
     return job.stop - job.start
 
 
+def _worker_init() -> None:
+    """Pool initializer: keep freed image-sized buffers in the worker's heap (glibc only).
+
+    Each image allocates and frees a few MB of numpy temporaries; by default glibc
+    returns them to the OS every time, and the page faults on re-use cost ~25% of the
+    run time. Raising the mmap and trim thresholds avoids that. Only done in worker
+    processes we own, never in the caller's process; silently skipped elsewhere.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 64 << 20)  # M_MMAP_THRESHOLD
+        libc.mallopt(-1, 256 << 20)  # M_TRIM_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
 def _default_workers() -> int:
     try:
         return max(1, len(os.sched_getaffinity(0)))
@@ -313,7 +330,7 @@ def _generate(
             for job in jobs:
                 bar.update(_write_chunk(job))
         else:
-            with multiprocessing.get_context().Pool(n_workers) as pool:
+            with multiprocessing.get_context().Pool(n_workers, initializer=_worker_init) as pool:
                 for done in pool.imap_unordered(_write_chunk, jobs):
                     bar.update(done)
 

@@ -86,7 +86,7 @@ class LmdbWriter:
             try:
                 with self.env.begin(write=True) as txn:
                     for key, value in self._pending:
-                        txn.put(key, value, append=True)
+                        txn.put(key, value)
                     for key, value in extra.items():
                         if value is None:
                             txn.delete(key)
@@ -101,10 +101,14 @@ class LmdbWriter:
         self._pending_bytes = 0
 
     def checkpoint(self, progress: dict[str, Any]) -> None:
-        """Make the records written so far durable and note ``progress`` for ``--resume``."""
+        """Make the records written so far durable and note ``progress`` for ``--resume``.
+
+        The open chunk is stored as it is but stays open: it is stored again, fuller, when sealed,
+        so the chunk layout does not depend on when checkpoints happened."""
+        extra: dict[bytes, bytes | None] = {PROGRESS_KEY: json.dumps(progress).encode("utf-8")}
         if self._chunk:
-            self._seal_chunk()
-        self._commit({PROGRESS_KEY: json.dumps(progress).encode("utf-8")})
+            extra[lmdb_chunk_key(self.chunks)] = bytes(self._chunk)
+        self._commit(extra)
         self.env.sync(True)
 
     def finish(self, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -153,6 +157,10 @@ class LmdbWriter:
                 writer.chunks += 1
         if stale:
             writer._commit(dict.fromkeys(stale))
+        if writer.chunks:  # reopen the last chunk and go on filling it
+            writer.chunks -= 1
+            with writer.env.begin() as txn:
+                writer._chunk = bytearray(txn.get(lmdb_chunk_key(writer.chunks)))
         return writer, kept, progress
 
 

@@ -169,11 +169,12 @@ def _remove(path: Path) -> None:
 def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: str | None = None,
          options: EncodeOptions | None = None, workers: int | None = None,
          shard_size: int = DEFAULT_SHARD_SIZE, overwrite: bool = False, resume: bool = False,
-         strict: bool = False, progress: bool = True) -> dict[str, Any]:
+         strict: bool = False, progress: bool = True, checkpoint_every: int | None = None) -> dict[str, Any]:
     """Pack the ImageFolder tree ``src`` into ``dst`` (an LMDB file or a shards folder).
 
     Files that fail their check are skipped and listed in the manifest (``strict=True`` makes the
-    first one an error). Returns a summary: counts, sizes, time and rates.
+    first one an error). Progress is made durable for ``resume`` every few seconds, and also every
+    ``checkpoint_every`` files when given. Returns a summary: counts, sizes, time and rates.
     """
     started = time.perf_counter()
     src_path, dst_path = Path(src), Path(dst)
@@ -223,7 +224,7 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: s
 
     try:
         manifest = _write_all(scan, writer, start, skipped, options, options_record, workers, strict,
-                              progress, source_bytes)
+                              progress, source_bytes, checkpoint_every)
         manifest["source"]["bytes"] = source_bytes
     except OSError as exc:
         writer.close()
@@ -262,7 +263,7 @@ def _size_on_disk(path: Path) -> int:
 
 def _write_all(scan: ScanResult, writer: ShardsWriter | LmdbWriter, start: int, skipped: list[dict[str, Any]],
                options: EncodeOptions, options_record: dict[str, Any], workers: int, strict: bool,
-               progress: bool, source_bytes: int) -> dict[str, Any]:
+               progress: bool, source_bytes: int, checkpoint_every: int | None) -> dict[str, Any]:
     """Feed every sample from ``start`` on through the encoder into ``writer``; finish the pack."""
     total = len(scan.samples)
     written_bytes = 0
@@ -282,7 +283,7 @@ def _write_all(scan: ScanResult, writer: ShardsWriter | LmdbWriter, start: int, 
                 written_bytes += item.source_bytes
             bar.update(1)
             now = time.monotonic()
-            if now - last_checkpoint >= CHECKPOINT_SECONDS:
+            if now - last_checkpoint >= CHECKPOINT_SECONDS or (checkpoint_every and (pos + 1) % checkpoint_every == 0):
                 writer.checkpoint({"options": options_record, "skipped": skipped})
                 last_checkpoint = now
             if progress and pos % 256 == 0:

@@ -1,0 +1,122 @@
+"""Describe a pack (``info``) and check every byte of it against its checksums (``verify``)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import zlib
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+from tqdm import tqdm
+
+from packer.errors import PackFormatError
+from packer.format import PAYLOAD_FORMATS, decode_record_header, entry_path
+
+from .decode import decode_pil
+from .read import PackReader
+
+HASH_BLOCK = 8 << 20
+
+
+def pack_size(path: Path) -> int:
+    """Bytes the pack takes: the LMDB file, or every file of the shards folder."""
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+    return path.stat().st_size
+
+
+def info(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """What a pack holds: counts, classes, sizes, encoding, and what was skipped or left out."""
+    with PackReader(path) as reader:
+        manifest = reader.manifest
+        return {
+            "path": str(reader.path),
+            "backend": reader.backend,
+            "encoding": manifest["encoding"],
+            "format_version": manifest["version"],
+            "records": reader.records,
+            "classes": manifest["classes"],
+            "class_counts": manifest.get("class_counts", {}),
+            "labelled": manifest.get("labelled", bool(manifest["classes"])),
+            "pack_bytes": pack_size(reader.path),
+            "payload_bytes": manifest.get("payload_bytes"),
+            "source": manifest.get("source", {}),
+            "skipped": manifest["skipped"],
+            "ignored": manifest.get("ignored", []),
+            "options": manifest.get("options", {}),
+            "created": manifest.get("created"),
+            "packload_version": manifest.get("packload_version"),
+        }
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(HASH_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _check_files(reader: PackReader) -> list[dict[str, str]]:
+    """Whole-file checksums: every shard and the index (shards), the index (lmdb)."""
+    problems = []
+    manifest = reader.manifest
+    if reader.backend == "shards":
+        for part in manifest["parts"]:
+            if _sha256_file(reader.path / part["name"]) != part.get("sha256"):
+                problems.append({"file": part["name"], "problem": "sha256 differs from the manifest"})
+    index_digest = hashlib.sha256(reader.index_bytes()).hexdigest()
+    if index_digest != manifest.get("index", {}).get("sha256"):
+        problems.append({"file": manifest.get("index", {}).get("name", "index"),
+                         "problem": "sha256 differs from the manifest"})
+    return problems
+
+
+def _check_record(reader: PackReader, i: int, decode: bool) -> str | None:
+    """What is wrong with record ``i``, or None: its header must agree with the index, its payload
+    with its CRC-32, and (with ``decode``) the image must decode completely."""
+    entry = reader.entries[i]
+    part = reader.part_view(int(entry["part"]))
+    try:
+        meta, payload_start, payload_len, crc = decode_record_header(part, int(entry["record_offset"]))
+    except PackFormatError as exc:
+        return f"record header damaged ({exc})"
+    if (meta.record, payload_start, payload_len, crc, meta.label) != (
+            i, int(entry["payload_offset"]), int(entry["payload_len"]), int(entry["payload_crc32"]),
+            int(entry["label"])) or meta.path != entry_path(reader.entries, reader.paths, i):
+        return "record header disagrees with the index"
+    payload = part[payload_start : payload_start + payload_len]
+    if zlib.crc32(payload) != crc:
+        return "payload checksum mismatch: the stored bytes are damaged"
+    if decode:
+        try:
+            image = decode_pil(payload, PAYLOAD_FORMATS[int(entry["format"])], int(entry["width"]),
+                               int(entry["height"]))
+            image.load()
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+            return f"does not decode: {exc}"
+    return None
+
+
+def verify(path: str | os.PathLike[str], decode: bool = False, progress: bool = True) -> dict[str, Any]:
+    """Check the whole pack: file checksums, then every record's header and payload CRC-32
+    (and a full decode with ``decode=True``). Returns a report; ``ok`` is False if anything failed."""
+    with PackReader(path) as reader:
+        file_problems = _check_files(reader)
+        bad = []
+        for i in tqdm(range(reader.records), unit="rec", desc=f"verify {reader.path.name}", disable=not progress):
+            problem = _check_record(reader, i, decode)
+            if problem:
+                part = int(reader.entries["part"][i])
+                bad.append({"record": i, "path": reader.path_of(i), "problem": problem,
+                            "part": reader.part_names[part] if reader.backend == "shards" else f"chunk {part}"})
+        return {
+            "path": str(reader.path),
+            "ok": not bad and not file_problems,
+            "records": reader.records,
+            "bad_records": bad,
+            "bad_files": file_problems,
+            "decoded": decode,
+        }

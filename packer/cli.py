@@ -1,0 +1,238 @@
+"""The ``packload`` command line (and ``pack``, its short form for ``packload pack``).
+
+Each subcommand registers itself on the parser and runs through ``main(argv)``, which tests
+call directly. Reading-side subcommands import ``loaders`` only when they run, so ``pack``
+starts fast and the writer side never depends on the reader side. Bad input ends in one line
+on stderr and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from . import __version__
+from .errors import PackloadError, UsageError
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_bytes(text: str) -> int:
+    """``256M``, ``1G``, ``65536`` → bytes."""
+    match = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)i?B?\s*", text, re.IGNORECASE)
+    if not match:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size; write for example 256M or 1G")
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2).upper()]
+
+
+def parse_hw(text: str) -> tuple[int, int]:
+    """``32x32`` → (height, width)."""
+    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
+    if not match or min(int(match.group(1)), int(match.group(2))) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size; write HEIGHTxWIDTH, for example 32x32")
+    return int(match.group(1)), int(match.group(2))
+
+
+def _emit(args: argparse.Namespace, result: dict[str, Any], lines: list[str]) -> None:
+    if args.json:
+        print(json.dumps(result, ensure_ascii=False, default=str))
+    elif not getattr(args, "quiet", False) or not result.get("ok", True):
+        print("\n".join(lines))
+
+
+# -- pack ------------------------------------------------------------------------------------
+def _add_pack(sub: Any) -> None:
+    p = sub.add_parser("pack", help="pack an image folder into an .lmdb file or a shards folder",
+                       description="Pack an ImageFolder tree (one sub-folder per class) into one LMDB file "
+                                   "(DEST ending in .lmdb) or a folder of memory-mapped shards.")
+    add_pack_arguments(p)
+    p.set_defaults(run=run_pack)
+
+
+def add_pack_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``pack`` (shared by ``packload pack`` and the ``pack`` command)."""
+    p.add_argument("src", help="folder of images, one sub-folder per class")
+    p.add_argument("dst", help="DEST.lmdb for one LMDB file, any other name for a shards folder")
+    p.add_argument("--format", choices=("lmdb", "shards"), help="override the backend the suffix picks")
+    p.add_argument("--encoding", choices=("keep", "jpeg", "png", "raw"), default="keep",
+                   help="keep: original bytes (default); jpeg/png: re-encode; raw: decoded pixels")
+    p.add_argument("--quality", type=int, default=90, help="JPEG quality for --encoding jpeg (default 90)")
+    p.add_argument("--max-side", type=int, help="shrink images so the longer side is at most N (jpeg/png/raw)")
+    p.add_argument("--size", type=parse_hw, help="resize every image to HxW (raw)")
+    p.add_argument("--check", choices=("fast", "full"), default="fast",
+                   help="fast: header and end marker (default); full: decode every image")
+    p.add_argument("--workers", type=int, help="processes that read and encode (default: every CPU)")
+    p.add_argument("--shard-size", type=parse_bytes, default="256M", help="target shard size (default 256M)")
+    p.add_argument("--max-pixels", type=int, help="raise PIL's decompression-bomb limit on purpose")
+    p.add_argument("--overwrite", action="store_true", help="replace DEST (and any unfinished pack of it)")
+    p.add_argument("--resume", action="store_true", help="finish an interrupted pack of DEST")
+    p.add_argument("--strict", action="store_true", help="stop at the first file that cannot be packed")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    p.add_argument("--json", action="store_true", help="print a machine-readable summary")
+
+
+def run_pack(args: argparse.Namespace) -> int:
+    from .encode import EncodeOptions
+    from .pipeline import pack
+
+    try:
+        options = EncodeOptions(encoding=args.encoding, check=args.check, quality=args.quality,
+                                max_side=args.max_side, size=args.size, max_pixels=args.max_pixels)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    result = pack(args.src, args.dst, backend=args.format, options=options, workers=args.workers,
+                  shard_size=args.shard_size, overwrite=args.overwrite, resume=args.resume,
+                  strict=args.strict, progress=not (args.quiet or args.json))
+    lines = [f"packed {result['records']} images ({result['classes']} classes) into {result['destination']} "
+             f"[{result['backend']}, {result['encoding']}] in {result['seconds']:.1f} s: "
+             f"{result['files_per_s']:.0f} files/s, {result['mb_per_s']:.0f} MB/s; "
+             f"{result['pack_bytes'] / 1e6:.1f} MB from {result['source_bytes'] / 1e6:.1f} MB"]
+    if result["skipped"] or result["ignored"]:
+        lines.append(f"skipped {result['skipped']} broken file(s), left out {result['ignored']} other file(s); "
+                     f"`packload info {result['destination']}` lists them")
+    _emit(args, result, lines)
+    return EXIT_OK
+
+
+# -- info / verify / unpack ------------------------------------------------------------------
+def _add_info(sub: Any) -> None:
+    p = sub.add_parser("info", help="what a pack holds: count, classes, bytes, encoding, skipped files")
+    p.add_argument("pack", help="an .lmdb file or shards folder")
+    p.add_argument("--json", action="store_true", help="print a machine-readable result")
+    p.set_defaults(run=run_info)
+
+
+def run_info(args: argparse.Namespace) -> int:
+    from loaders.verify import info
+
+    result = info(args.pack)
+    counts = result["class_counts"]
+    lines = [
+        f"{result['path']}: {result['backend']} pack, format version {result['format_version']}, "
+        f"encoding {result['encoding']}",
+        f"  records   {result['records']}",
+        f"  classes   {len(result['classes'])}" + ("" if result["labelled"] else " (unlabelled)"),
+        f"  bytes     {result['pack_bytes']:,} on disk, {result['payload_bytes'] or 0:,} of images",
+        f"  skipped   {len(result['skipped'])} broken file(s), {len(result['ignored'])} left out",
+    ]
+    lines += [f"    {name}: {counts.get(name, 0)}" for name in result["classes"][:20]]
+    if len(result["classes"]) > 20:
+        lines.append(f"    ... and {len(result['classes']) - 20} more classes")
+    lines += [f"  skipped {item['path']}: {item['reason']}" for item in result["skipped"][:20]]
+    _emit(args, result, lines)
+    return EXIT_OK
+
+
+def _add_verify(sub: Any) -> None:
+    p = sub.add_parser("verify", help="check every record's checksum (and decode each with --decode)")
+    p.add_argument("pack", help="an .lmdb file or shards folder")
+    p.add_argument("--decode", action="store_true", help="also decode every image completely")
+    p.add_argument("--quiet", action="store_true", help="no progress bar; print only problems")
+    p.add_argument("--json", action="store_true", help="print a machine-readable report")
+    p.set_defaults(run=run_verify)
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    from loaders.verify import verify
+
+    result = verify(args.pack, decode=args.decode, progress=not (args.quiet or args.json))
+    lines = [f"{result['path']}: {result['records']} records, "
+             + ("all intact" if result["ok"] else
+                f"{len(result['bad_records'])} damaged record(s), {len(result['bad_files'])} damaged file(s)")]
+    lines += [f"  {bad['file']}: {bad['problem']}" for bad in result["bad_files"]]
+    lines += [f"  record {bad['record']} ({bad['path']}, {bad['part']}): {bad['problem']}"
+              for bad in result["bad_records"]]
+    _emit(args, result, lines)
+    return EXIT_OK if result["ok"] else EXIT_ERROR
+
+
+def _add_unpack(sub: Any) -> None:
+    p = sub.add_parser("unpack", help="write the images back out as a folder")
+    p.add_argument("pack", help="an .lmdb file or shards folder")
+    p.add_argument("out", help="folder to write (must be new or empty)")
+    p.add_argument("--overwrite", action="store_true", help="write into a non-empty folder")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    p.add_argument("--json", action="store_true", help="print a machine-readable summary")
+    p.set_defaults(run=run_unpack)
+
+
+def run_unpack(args: argparse.Namespace) -> int:
+    from loaders.unpack import unpack
+
+    result = unpack(args.pack, args.out, overwrite=args.overwrite, progress=not (args.quiet or args.json))
+    _emit(args, result, [f"unpacked {result['files']} files ({result['bytes'] / 1e6:.1f} MB) into {result['out']}"])
+    return EXIT_OK
+
+
+# -- demo ------------------------------------------------------------------------------------
+def _add_demo(sub: Any) -> None:
+    p = sub.add_parser("demo", help="generate a demo dataset, pack it, load it, and report the speed-up")
+    p.add_argument("--dir", default="packload-demo", help="working folder (default ./packload-demo)")
+    p.add_argument("--count", type=int, default=2000, help="images to generate (default 2000)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--json", action="store_true", help="print a machine-readable report")
+    p.set_defaults(run=run_demo)
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from loaders.demo import run_demo as demo
+
+    result = demo(args.dir, count=args.count, progress=not (args.quiet or args.json))
+    _emit(args, result, result["report"])
+    return EXIT_OK
+
+
+COMMANDS: tuple[Callable[[Any], None], ...] = (_add_pack, _add_info, _add_verify, _add_unpack, _add_demo)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="packload", description="Pack image folders and load them fast in PyTorch.")
+    parser.add_argument("--version", action="version", version=f"packload {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for register in COMMANDS:
+        register(sub)
+    return parser
+
+
+def _run(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except UsageError as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except PackloadError as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except OSError as exc:  # a file we could not read or write: name it, no traceback
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print(f"{parser.prog}: interrupted; an unfinished pack can be finished with --resume", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``packload COMMAND ...``; returns the exit code."""
+    return _run(build_parser(), argv)
+
+
+def pack_main(argv: Sequence[str] | None = None) -> int:
+    """``pack SRC DEST ...``, the short form of ``packload pack``."""
+    parser = argparse.ArgumentParser(prog="pack", description="Pack an image folder into an .lmdb file "
+                                     "or a shards folder (short for `packload pack`).")
+    add_pack_arguments(parser)
+    parser.set_defaults(run=run_pack)
+    return _run(parser, argv)
+
+
+def module_main(argv: Sequence[str] | None = None) -> int:
+    """``python -m packer``: ``packload`` when the first word is a subcommand, else ``pack``."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    names = {"pack", "info", "verify", "unpack", "demo", "-h", "--help", "--version"}
+    return main(words) if words and words[0] in names else pack_main(words)

@@ -1,0 +1,137 @@
+"""A ``pack`` killed with SIGKILL leaves nothing that looks complete, and ``--resume`` finishes it
+with the same records as an uninterrupted pack."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from loaders import PackedImageFolder, PackReader
+from packer import IncompletePackError, pack
+from packer.cli import main
+from packer.pipeline import partial_path
+from tests.image_factory import make_image_folder, write_broken_files
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Packs slowly (a pause per file) so the test can kill it part-way; checkpoints every 7 files.
+SLOW_PACK = textwrap.dedent("""
+    import sys, time
+    import packer.pipeline as p
+    real = p.encode_chunk
+    def slow(root, samples, options):
+        out = []
+        for s in samples:
+            time.sleep(0.02)
+            out.extend(real(root, [s], options))
+        return out
+    p.encode_chunk = slow
+    p.CHUNK_FILES = 3
+    p.pack(sys.argv[1], sys.argv[2], workers=1, progress=False, checkpoint_every=7, shard_size=1 << 16,
+           resume=len(sys.argv) > 3)
+""")
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    root = tmp_path_factory.mktemp("src")
+    make_image_folder(root, classes=("a", "b", "c"), per_class=30, seed=5)
+    write_broken_files(root / "b")
+    return root
+
+
+@pytest.fixture(scope="module")
+def reference(source, tmp_path_factory):
+    out = {}
+    for name in ("ref.lmdb", "ref.shards"):
+        dst = tmp_path_factory.mktemp("ref") / name
+        pack(source, dst, workers=1, progress=False, shard_size=1 << 16)
+        out[name.split(".")[1]] = dst
+    return out
+
+
+def records_of(path: Path) -> list[tuple]:
+    with PackReader(path) as reader:
+        return [(reader.path_of(i), int(reader.entries["label"][i]), bytes(reader.payload(i, verify=True)))
+                for i in range(reader.records)]
+
+
+def kill_part_way(source: Path, dst: Path, after: float) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_PACK, str(source), str(dst)], cwd=REPO)
+    time.sleep(after)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "shards"])
+@pytest.mark.parametrize("after", [0.6, 1.4])
+def test_kill_then_resume_matches_uninterrupted(source, reference, tmp_path, capsys, backend, after):
+    dst = tmp_path / f"out.{backend}"
+    kill_part_way(source, dst, after)
+    assert not dst.exists(), "a killed pack must not publish anything at the destination"
+    partial = partial_path(dst)
+    assert partial.exists()
+    with pytest.raises(IncompletePackError, match="--resume"):
+        PackedImageFolder(dst)
+    # the reading commands refuse the partial output with a clear message
+    assert main(["info", str(partial)]) != 0
+    assert "did not finish" in capsys.readouterr().err
+    # without --resume, pack refuses to clobber it
+    assert main(["pack", str(source), str(dst), "--quiet"]) == 2
+    assert "--resume" in capsys.readouterr().err
+    summary = pack(source, dst, workers=1, progress=False, resume=True, shard_size=1 << 16)
+    assert not partial.exists()
+    assert records_of(dst) == records_of(reference[backend])
+    with PackReader(dst) as got, PackReader(reference[backend]) as want:
+        assert got.index_bytes() == want.index_bytes()
+        assert got.manifest["skipped"] == want.manifest["skipped"]
+        assert got.manifest["class_counts"] == want.manifest["class_counts"]
+    assert summary["records"] == len(records_of(dst))
+
+
+def test_resume_really_continues(source, tmp_path):
+    """Killed late, the resumed run starts after the records already on disk, not from zero."""
+    dst = tmp_path / "late.shards"
+    kill_part_way(source, dst, 1.8)
+    summary = pack(source, dst, workers=1, progress=False, resume=True, shard_size=1 << 16)
+    assert summary["resumed_at"] and summary["resumed_at"] >= 7
+
+
+def test_resume_refuses_other_options(source, tmp_path):
+    dst = tmp_path / "opts.lmdb"
+    kill_part_way(source, dst, 1.0)
+    from packer import EncodeOptions, UsageError
+
+    with pytest.raises(UsageError, match="other options"):
+        pack(source, dst, options=EncodeOptions(encoding="png"), workers=1, progress=False, resume=True)
+
+
+def test_resume_refuses_a_changed_source(source, tmp_path_factory):
+    src = tmp_path_factory.mktemp("changing")
+    make_image_folder(src, classes=("a", "b"), per_class=30, seed=6)
+    dst = tmp_path_factory.mktemp("out") / "c.shards"
+    kill_part_way(src, dst, 1.4)
+    progress = json.loads((partial_path(dst) / "progress.json").read_text())
+    assert "options" in progress
+    first = sorted((src / "a").iterdir())[0]
+    os.rename(first, first.with_name("zzz_" + first.name))
+    from packer import UsageError
+
+    with pytest.raises(UsageError, match="changed"):
+        pack(src, dst, workers=1, progress=False, resume=True, shard_size=1 << 16)
+
+
+def test_overwrite_discards_an_unfinished_pack(source, reference, tmp_path):
+    dst = tmp_path / "o.lmdb"
+    kill_part_way(source, dst, 0.8)
+    pack(source, dst, workers=1, progress=False, overwrite=True)
+    assert not partial_path(dst).exists() and not Path(str(partial_path(dst)) + "-lock").exists()
+    assert records_of(dst) == records_of(reference["lmdb"])
