@@ -19,27 +19,33 @@ def collate_uint8(batch: Sequence[tuple[Any, Any]], pin_memory: bool = False) ->
     if not batch:
         raise ValueError("cannot collate an empty batch")
     first = _as_chw(batch[0][0])
-    shape = (len(batch), *first.shape)
     pin = pin_memory and torch.cuda.is_available()
-    images = torch.empty(shape, dtype=torch.uint8, pin_memory=pin)
+    images = torch.empty((len(batch), *first.shape), dtype=torch.uint8, pin_memory=pin)
+    target = images.numpy()  # shares memory: filled in place, one copy per image
     for i, (image, _) in enumerate(batch):
         chw = first if i == 0 else _as_chw(image)
         if chw.shape != first.shape:
             raise ValueError(f"sample {i} is {tuple(chw.shape)}, sample 0 is {tuple(first.shape)}; "
                              "resize or crop to one size before collating")
-        images[i].copy_(chw)
+        target[i] = chw
     labels = torch.tensor([int(label) for _, label in batch], dtype=torch.int64)
     if pin:
         labels = labels.pin_memory()
     return images, labels
 
 
-def _as_chw(image: Any) -> torch.Tensor:
+def _as_chw(image: Any) -> np.ndarray:
+    """A 3xHxW uint8 view of an HxWx3 array, a PIL RGB image or a 3xHxW uint8 tensor."""
     if isinstance(image, torch.Tensor):
         if image.dtype != torch.uint8 or image.dim() != 3:
             raise ValueError(f"expected a 3xHxW uint8 tensor, got {image.dtype} {tuple(image.shape)}")
-        return image
+        return image.numpy()
     array = np.asarray(image)
     if array.dtype != np.uint8 or array.ndim != 3 or array.shape[2] != 3:
         raise ValueError(f"expected an HxWx3 uint8 image, got {array.dtype} {array.shape}")
-    return torch.from_numpy(array).permute(2, 0, 1)
+    return array.transpose(2, 0, 1)
+
+
+def collate_as_list(batch: Sequence[Any]) -> list[Any]:
+    """Keep a batch as a plain list (undecoded bytes, images of mixed sizes)."""
+    return list(batch)

@@ -183,6 +183,7 @@ def run_demo(args: argparse.Namespace) -> int:
     from loaders.demo import run_demo as demo
 
     result = demo(args.dir, count=args.count, progress=not (args.quiet or args.json))
+    args.quiet = False  # --quiet hides the progress bars; the report is the point of the demo
     _emit(args, result, result["report"])
     return EXIT_OK
 

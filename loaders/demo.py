@@ -1,0 +1,74 @@
+"""``packload demo``: the whole job on a generated dataset, so a new user sees it work in minutes.
+
+Generates ImageNet-like JPEGs, packs them into an LMDB file and a shards folder, verifies them,
+then reads the same epoch through a DataLoader from the original files and from each pack, and
+reports the speed-up, for undecoded bytes and for decode + resize + crop.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from packer import pack
+from packer.pipeline import available_cpus
+from packer.synthetic import make_imagenet_like
+
+from .collate import collate_as_list, collate_uint8
+from .dataset import PackedImageFolder
+from .folder import FolderImages
+from .measure import time_loader
+from .transforms import ResizeCenterCrop
+from .verify import verify
+
+
+def _rate(dataset: Any, collate: Any, workers: int, batch_size: int, sampler: Any = None) -> float:
+    loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers, sampler=sampler,
+                        collate_fn=collate, persistent_workers=False)
+    return time_loader(loader).samples_per_s
+
+
+def run_demo(folder: str | os.PathLike[str], count: int = 2000, progress: bool = True) -> dict[str, Any]:
+    """Generate, pack, verify and load; return every figure and a readable report."""
+    if count < 100:
+        raise ValueError(f"--count {count}: give at least 100 images so the timings mean something")
+    root = Path(folder)
+    images = root / "images"
+    if not images.is_dir() or sum(1 for _ in images.rglob("*.jpg")) != count:
+        make_imagenet_like(images, count=count, classes=10, seed=0, progress=progress)
+    workers = min(4, available_cpus())
+    packs = {}
+    for name in ("demo.lmdb", "demo.shards"):
+        packs[name] = pack(images, root / name, overwrite=True, progress=progress)
+    checks = {name: verify(root / name, progress=False)["ok"] for name in packs}
+
+    batch = 64
+    crop = ResizeCenterCrop(160)
+    rates: dict[str, dict[str, float]] = {"bytes": {}, "decode+crop": {}}
+    rates["bytes"]["folder"] = _rate(FolderImages(images, output="bytes"), collate_as_list, workers, batch)
+    rates["decode+crop"]["folder"] = _rate(FolderImages(images, transform=crop), collate_uint8, workers, batch)
+    for name in packs:
+        ds = PackedImageFolder(root / name, output="bytes")
+        rates["bytes"][name] = _rate(ds, collate_as_list, workers, batch, ds.sampler(seed=0))
+        ds = PackedImageFolder(root / name, transform=crop, decode_size=(160, 160))
+        rates["decode+crop"][name] = _rate(ds, collate_uint8, workers, batch, ds.sampler(seed=0))
+
+    report = [f"packload demo: {count} ImageNet-like JPEGs in {images}"]
+    for name, summary in packs.items():
+        report.append(f"  packed {name}: {summary['records']} images, {summary['pack_bytes'] / 1e6:.1f} MB "
+                      f"in {summary['seconds']:.1f} s ({summary['files_per_s']:.0f} files/s); "
+                      f"verify: {'ok' if checks[name] else 'FAILED'}")
+    report.append(f"  one epoch through a DataLoader ({workers} workers, batch {batch}, samples/s, "
+                  "original files vs packs):")
+    for kind, by_source in rates.items():
+        base = by_source["folder"]
+        cells = ", ".join(f"{src} {rate:,.0f}" + ("" if src == "folder" else f" ({rate / base:.1f}x)")
+                          for src, rate in by_source.items())
+        report.append(f"    {kind:12s} {cells}")
+    report.append("  (a warm page cache on a local disk: the smallest gap there is; on network disks and "
+                  "cold caches the packs gain much more)")
+    return {"folder": str(root), "count": count, "packs": packs, "verified": checks,
+            "samples_per_s": rates, "workers": workers, "batch_size": batch, "report": report}

@@ -1,0 +1,334 @@
+"""Tests for loaders.sampler: order properties, locality, mixing, rank split, resume, DataLoader use."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from loaders.sampler import PackSampler, shuffle_quality
+
+ORDERS = ["block", "random", "sequential"]
+
+
+def rank_orders(n: int, world_size: int, **kwargs) -> list[np.ndarray]:
+    """Each rank's epoch order for one configuration."""
+    return [PackSampler(n, rank=r, world_size=world_size, **kwargs).epoch_order() for r in range(world_size)]
+
+
+def sorted_labels(n: int, classes: int = 10) -> np.ndarray:
+    """Labels of a pack sorted by class: class c occupies one contiguous run."""
+    return np.arange(n) * classes // n
+
+
+# -- validation -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"num_records": -1}, ValueError, "num_records must be >= 0"),
+        ({"num_records": 2.5}, TypeError, "num_records must be an int"),
+        ({"block_size": 0}, ValueError, "block_size must be >= 1"),
+        ({"window_blocks": 0}, ValueError, "window_blocks must be >= 1"),
+        ({"order": "shuffled"}, ValueError, "unknown order 'shuffled'; expected one of"),
+        ({"uneven": "wrap"}, ValueError, "unknown uneven 'wrap'; expected one of 'pad', 'drop'"),
+        ({"shuffle": 1}, TypeError, "shuffle must be a bool"),
+        ({"seed": -3}, ValueError, "seed must be >= 0"),
+        ({"rank": 2, "world_size": 2}, ValueError, "0 <= rank < world_size"),
+        ({"rank": -1, "world_size": 2}, ValueError, "rank must be >= 0"),
+        ({"rank": 0, "world_size": 0}, ValueError, "world_size must be >= 1"),
+    ],
+)
+def test_invalid_arguments_raise_clear_errors(kwargs: dict, error: type, match: str) -> None:
+    kwargs = {"num_records": 10, **kwargs}
+    with pytest.raises(error, match=match):
+        PackSampler(**kwargs)
+
+
+def test_set_epoch_rejects_negative() -> None:
+    with pytest.raises(ValueError, match="epoch must be >= 0"):
+        PackSampler(10).set_epoch(-1)
+
+
+def test_defaults_without_distributed() -> None:
+    sampler = PackSampler(10)
+    assert (sampler.rank, sampler.world_size, sampler.order) == (0, 1, "block")
+    assert PackSampler(10, shuffle=False, order="random").order == "sequential"
+
+
+# -- order properties -------------------------------------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    n=st.integers(0, 3000),
+    block_size=st.integers(1, 200),
+    window_blocks=st.integers(1, 40),
+    order=st.sampled_from(ORDERS),
+    seed=st.integers(0, 2**40),
+    epoch=st.integers(0, 1000),
+)
+def test_every_index_exactly_once(
+    n: int, block_size: int, window_blocks: int, order: str, seed: int, epoch: int
+) -> None:
+    sampler = PackSampler(n, order=order, block_size=block_size, window_blocks=window_blocks, seed=seed)
+    result = sampler.epoch_order(epoch)
+    assert result.dtype == np.int64
+    assert len(sampler) == n
+    np.testing.assert_array_equal(np.sort(result), np.arange(n))
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_iter_yields_python_ints_matching_epoch_order(order: str) -> None:
+    sampler = PackSampler(10_000, order=order)
+    items = list(sampler)
+    assert all(type(i) is int for i in items)
+    assert items == sampler.epoch_order().tolist()
+
+
+def test_sequential_and_shuffle_false() -> None:
+    np.testing.assert_array_equal(PackSampler(7, shuffle=False).epoch_order(), np.arange(7))
+    np.testing.assert_array_equal(PackSampler(7, order="sequential").epoch_order(5), np.arange(7))
+
+
+@pytest.mark.parametrize("order", ["block", "random"])
+def test_deterministic_per_seed_and_epoch(order: str) -> None:
+    a, b = PackSampler(5000, order=order, seed=3), PackSampler(5000, order=order, seed=3)
+    np.testing.assert_array_equal(a.epoch_order(), b.epoch_order())
+    assert list(a) == list(b)
+    a.set_epoch(1)
+    assert list(a) != list(b)
+    b.set_epoch(1)
+    assert list(a) == list(b)
+    np.testing.assert_array_equal(a.epoch_order(7), b.epoch_order(7))  # independent of current epoch
+    assert not np.array_equal(a.epoch_order(0), a.epoch_order(1))
+    assert not np.array_equal(a.epoch_order(0), PackSampler(5000, order=order, seed=4).epoch_order(0))
+
+
+def test_block_windows_hold_whole_blocks() -> None:
+    """Each run of block_size*window_blocks samples is exactly window_blocks complete blocks."""
+    block_size, window_blocks, n = 16, 8, 16 * 8 * 25
+    result = PackSampler(n, block_size=block_size, window_blocks=window_blocks).epoch_order()
+    for window in result.reshape(-1, block_size * window_blocks):
+        blocks = np.unique(window // block_size)
+        assert blocks.size == window_blocks
+        np.testing.assert_array_equal(np.sort(window), (blocks[:, None] * block_size + np.arange(16)).ravel())
+
+
+def near_fraction(order: np.ndarray, distance: int) -> float:
+    """Fraction of consecutive pairs whose indices are within ``distance`` of each other."""
+    return float(np.mean(np.abs(np.diff(order)) < distance))
+
+
+def test_block_order_is_read_local() -> None:
+    n, block_size = 64 * 32 * 10, 64  # whole windows, so each window is aligned to a group of blocks
+    random = PackSampler(n, order="random").epoch_order()
+    single = PackSampler(n, block_size=block_size, window_blocks=1).epoch_order()
+    default = PackSampler(n, block_size=block_size).epoch_order()
+    assert near_fraction(single, block_size) > 0.95
+    assert near_fraction(default, block_size) > 5 * near_fraction(random, block_size)
+    window = block_size * 32  # the shuffle buffer: each full one reads exactly 32 contiguous regions
+    full = (n // window) * window
+    regions = [np.unique(w // block_size).size for w in default[:full].reshape(-1, window)]
+    random_regions = [np.unique(w // block_size).size for w in random[:full].reshape(-1, window)]
+    assert max(regions) == 32 and min(random_regions) > 5 * 32
+
+
+def test_block_order_mixes_sorted_classes() -> None:
+    n = 20_000
+    labels = sorted_labels(n)
+    sequential = shuffle_quality(PackSampler(n, shuffle=False).epoch_order(), labels, 256)
+    block = shuffle_quality(PackSampler(n).epoch_order(), labels, 256)
+    random = shuffle_quality(PackSampler(n, order="random").epoch_order(), labels, 256)
+    assert sequential["same_class_pair_rate"] > 0.95
+    assert block["same_class_pair_rate"] < 0.2 * sequential["same_class_pair_rate"]
+    assert block["same_class_pair_rate"] < 2 * block["expected_full_shuffle"]
+    assert 0.9 < random["ratio"] < 1.1
+
+
+def test_edge_sizes() -> None:
+    assert PackSampler(0).epoch_order().size == 0 and list(PackSampler(0)) == []
+    assert list(PackSampler(1)) == [0]
+    for n in (1, 5, 63):  # block_size and the window larger than the pack
+        assert sorted(PackSampler(n, block_size=64).epoch_order().tolist()) == list(range(n))
+    assert sorted(PackSampler(100, block_size=7, window_blocks=1000)) == list(range(100))
+
+
+# -- rank split -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 5, 7, 100, 1001])
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("uneven", ["pad", "drop"])
+def test_rank_split(n: int, world_size: int, uneven: str) -> None:
+    orders = rank_orders(n, world_size, uneven=uneven, block_size=4, window_blocks=2)
+    glob = PackSampler(n, block_size=4, window_blocks=2).global_order()
+    per_rank = math.ceil(n / world_size) if uneven == "pad" else n // world_size
+    lengths = {len(PackSampler(n, rank=r, world_size=world_size, uneven=uneven)) for r in range(world_size)}
+    assert lengths == {per_rank}
+    assert all(o.size == per_rank for o in orders)
+    joined = np.concatenate(orders)  # rank r holds the r-th contiguous slice of the global order
+    if uneven == "drop":
+        np.testing.assert_array_equal(joined, glob[: joined.size])
+        assert np.unique(joined).size == joined.size
+    else:
+        np.testing.assert_array_equal(joined, np.resize(glob, joined.size))
+        assert set(joined.tolist()) == set(range(n))
+
+
+def test_fewer_records_than_ranks() -> None:
+    assert [o.tolist() for o in rank_orders(3, 8, uneven="drop")] == [[]] * 8
+    padded = rank_orders(3, 8, uneven="pad", shuffle=False)
+    assert [o.tolist() for o in padded] == [[0], [1], [2], [0], [1], [2], [0], [1]]
+
+
+# -- resume -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 100, 1037])
+@pytest.mark.parametrize(("rank", "world_size"), [(0, 1), (2, 3)])
+@pytest.mark.parametrize("order", ["block", "random"])
+def test_resume_gives_identical_remaining_order(n: int, rank: int, world_size: int, order: str) -> None:
+    opts = {"order": order, "block_size": 8, "window_blocks": 4, "rank": rank, "world_size": world_size}
+    first = PackSampler(n, seed=11, **opts)
+    first.set_epoch(3)
+    full = first.epoch_order().tolist()
+    for k in sorted({0, 1, len(first) // 3, len(first) - 1, len(first)}):
+        iterator = iter(first)
+        assert list(itertools.islice(iterator, k)) == full[:k]
+        state = json.loads(json.dumps(first.state_dict()))
+        assert (state["epoch"], state["position"], state["seed"]) == (3, k, 11)
+        resumed = PackSampler(n, seed=0, **opts)  # seed and epoch come from the state
+        resumed.load_state_dict(state)
+        resumed.set_epoch(3)  # the usual training loop calls this; it keeps the loaded position
+        assert resumed.start_position == k
+        assert list(resumed) == full[k:]
+        assert list(resumed) == full  # only the next iteration resumes
+
+
+def test_state_dict_positions() -> None:
+    sampler = PackSampler(50)
+    assert sampler.state_dict()["position"] == 0
+    list(sampler)
+    assert sampler.state_dict()["position"] == 50
+    assert sampler.state_dict(consumed=20)["position"] == 20
+    sampler.set_epoch(1)  # not iterated yet
+    assert sampler.state_dict()["epoch"] == 1 and sampler.state_dict()["position"] == 0
+    with pytest.raises(ValueError, match="consumed=51 exceeds the 50 samples"):
+        sampler.state_dict(consumed=51)
+
+
+def test_loaded_state_round_trips_and_other_epoch_discards_it() -> None:
+    source = PackSampler(200)
+    source.set_epoch(2)
+    state = source.state_dict(consumed=120)
+    target = PackSampler(200)
+    target.load_state_dict(state)
+    assert target.state_dict() == state
+    target.set_epoch(4)
+    assert target.start_position == 0
+    assert list(target) == PackSampler(200).epoch_order(4).tolist()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"num_records": 201}, "num_records was 200 when saved but is 201 now"),
+        ({"order": "random"}, "order='block' when saved but 'random' now"),
+        ({"block_size": 32}, "block_size=64 when saved but 32 now"),
+        ({"window_blocks": 2}, "window_blocks=32 when saved but 2 now"),
+        ({"world_size": 2, "rank": 0}, "world_size=1 when saved but 2 now"),
+        ({"uneven": "drop"}, "uneven='pad' when saved but 'drop' now"),
+    ],
+)
+def test_mismatched_state_raises(kwargs: dict, match: str) -> None:
+    state = PackSampler(200).state_dict(consumed=10)
+    kwargs = {"num_records": 200, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        PackSampler(**kwargs).load_state_dict(state)
+
+
+def test_malformed_state_raises() -> None:
+    sampler = PackSampler(10)
+    with pytest.raises(TypeError, match="state must be a dict"):
+        sampler.load_state_dict([1, 2])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"missing \['options'\]"):
+        sampler.load_state_dict({k: v for k, v in sampler.state_dict().items() if k != "options"})
+    with pytest.raises(ValueError, match="position.*exceeds"):
+        sampler.load_state_dict({**sampler.state_dict(), "position": 11})
+
+
+# -- DataLoader -------------------------------------------------------------------------------------------
+
+
+class IndexDataset(torch.utils.data.Dataset):
+    """Returns its index, so a DataLoader's output shows the sampler's order."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_dataloader_follows_sampler_order(num_workers: int) -> None:
+    n, batch_size = 1000, 16
+    sampler = PackSampler(n, block_size=8, window_blocks=4)
+    loader = torch.utils.data.DataLoader(
+        IndexDataset(n), batch_size=batch_size, sampler=sampler, num_workers=num_workers
+    )
+    expected = sampler.epoch_order().tolist()
+    batches = [batch.tolist() for batch in loader]
+    assert list(itertools.chain.from_iterable(batches)) == expected
+
+    # Resume from the batches the loop really consumed (the sampler itself ran ahead).
+    done = 10
+    state = sampler.state_dict(consumed=done * batch_size)
+    resumed = PackSampler(n, block_size=8, window_blocks=4)
+    resumed.load_state_dict(state)
+    loader = torch.utils.data.DataLoader(
+        IndexDataset(n), batch_size=batch_size, sampler=resumed, num_workers=num_workers
+    )
+    assert [i for batch in loader for i in batch.tolist()] == expected[done * batch_size :]
+
+
+# -- shuffle_quality --------------------------------------------------------------------------------------
+
+
+def test_shuffle_quality_hand_computed() -> None:
+    labels = np.array([0, 0, 1, 1])
+    q = shuffle_quality(np.array([0, 1, 2, 3]), labels, batch_size=2)
+    assert q == {
+        "same_class_pair_rate": 1.0,
+        "expected_full_shuffle": pytest.approx(2 / 6),
+        "ratio": pytest.approx(3.0),
+        "mean_abs_index_jump": pytest.approx(1 / 4),
+    }
+    assert shuffle_quality(np.array([0, 2, 1, 3]), labels, batch_size=2)["same_class_pair_rate"] == 0.0
+    short = shuffle_quality(np.array([0, 1, 2]), labels, batch_size=2)  # last batch has no pair
+    assert short["same_class_pair_rate"] == 1.0
+    assert all(isinstance(v, float) for v in q.values())
+
+
+def test_shuffle_quality_degenerate_and_invalid() -> None:
+    labels = np.arange(5)
+    assert math.isnan(shuffle_quality(np.arange(5), labels, 1)["same_class_pair_rate"])
+    assert shuffle_quality(np.arange(5), labels, 5)["ratio"] == 1.0  # all labels distinct
+    assert shuffle_quality(np.array([], dtype=np.int64), labels, 4)["mean_abs_index_jump"] == 0.0
+    with pytest.raises(ValueError, match="outside 0..4"):
+        shuffle_quality(np.array([5]), labels, 2)
+    with pytest.raises(TypeError, match="1-D integer array"):
+        shuffle_quality(np.array([0.5]), labels, 2)
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        shuffle_quality(np.arange(5), labels, 0)
