@@ -37,7 +37,7 @@ def collate_uint8(batch: Sequence[tuple[Any, Any]], pin_memory: bool = False) ->
 def _as_chw(image: Any) -> np.ndarray:
     """A 3xHxW uint8 view of an HxWx3 array, a PIL RGB image or a 3xHxW uint8 tensor."""
     if isinstance(image, torch.Tensor):
-        if image.dtype != torch.uint8 or image.dim() != 3:
+        if image.dtype != torch.uint8 or image.dim() != 3 or image.shape[0] != 3:
             raise ValueError(f"expected a 3xHxW uint8 tensor, got {image.dtype} {tuple(image.shape)}")
         return image.numpy()
     array = np.asarray(image)

@@ -48,6 +48,11 @@ def raw_array(payload: memoryview | bytes, width: int, height: int) -> np.ndarra
     return np.frombuffer(payload, dtype=np.uint8).reshape(height, width, 3)
 
 
+def _stored_size(size: tuple[int, int], orientation: int) -> tuple[int, int]:
+    """(height, width) as stored, for a wanted upright size: orientations 5-8 swap the sides."""
+    return (size[1], size[0]) if orientation in (5, 6, 7, 8) else size
+
+
 def decode_pil(payload: memoryview | bytes, fmt: str, width: int, height: int,
                decode_size: tuple[int, int] | None = None, orientation: int = 0) -> Image.Image:
     """The payload as a PIL RGB image (``Image.open(original).convert("RGB")`` for lossless packs)."""
@@ -56,7 +61,8 @@ def decode_pil(payload: memoryview | bytes, fmt: str, width: int, height: int,
     else:
         image = Image.open(io.BytesIO(payload))
         if decode_size is not None and image.format == "JPEG":
-            image.draft("RGB", (decode_size[1], decode_size[0]))
+            height_min, width_min = _stored_size(decode_size, orientation)
+            image.draft("RGB", (width_min, height_min))
         image = image.convert("RGB")
     if orientation in _TRANSPOSE:
         image = image.transpose(_TRANSPOSE[orientation])

@@ -24,6 +24,7 @@ import numpy as np
 
 from packer.errors import ChecksumError, IncompletePackError, PackFormatError, UsageError
 from packer.format import (
+    FORMAT_VERSION,
     INDEX_ENTRY,
     INDEX_NAME,
     LMDB_INDEX_KEY,
@@ -55,24 +56,36 @@ def _madvise_willneed(view: memoryview) -> None:
 
 
 class _SharedEnvironments:
-    """LMDB allows one open environment per file per process, so readers of the same file in one
-    process share it (each with its own read transaction). Keyed by real path and process id, so a
-    forked child never touches its parent's environment; closed when its last reader closes."""
+    """py-lmdb allows one open environment per file per process, so readers of the same file in one
+    process share it, each with its own read transaction; it is closed when its last reader closes.
+
+    A forked DataLoader worker inherits its parent's open environments and py-lmdb refuses to open
+    them again there, so the child reuses the inherited one. That is safe here and only here: the
+    environment is read-only and opened with ``lock=False``, so it has no lock file or reader table
+    (the state LMDB's fork caveat is about), and nothing writes the file while it is read."""
 
     def __init__(self) -> None:
-        self._open: dict[tuple[str, int], list[Any]] = {}
+        self._open: dict[tuple[int, int], list[Any]] = {}
 
-    def acquire(self, path: Path) -> lmdb.Environment:
-        key = (os.path.realpath(path), os.getpid())
+    def acquire(self, path: Path) -> tuple[lmdb.Environment, tuple[int, int]]:
+        """The environment of the file at ``path`` and the key to release it with. Keyed by the
+        file's identity (device, inode), so a pack replaced by a new one is opened afresh."""
+        st = os.stat(path)
+        key = (st.st_dev, st.st_ino)
         slot = self._open.get(key)
         if slot is None:
             env = lmdb.open(str(path), subdir=False, readonly=True, lock=False, readahead=True, max_readers=1)
+            # Reading a page past the end of a truncated file would kill the process with SIGBUS.
+            needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+            if needed > st.st_size:
+                env.close()
+                raise PackFormatError(f"{path}: truncated ({st.st_size} bytes, the database needs {needed}); "
+                                      "copy the pack again")
             slot = self._open[key] = [env, 0]
         slot[1] += 1
-        return slot[0]
+        return slot[0], key
 
-    def release(self, path: Path) -> None:
-        key = (os.path.realpath(path), os.getpid())
+    def release(self, key: tuple[int, int]) -> None:
         slot = self._open.get(key)
         if slot is not None:
             slot[1] -= 1
@@ -162,9 +175,10 @@ class PackReader:
 
     def _open_lmdb(self) -> None:
         try:
-            self._env = _ENVIRONMENTS.acquire(self.path)
+            self._env, self._env_key = _ENVIRONMENTS.acquire(self.path)
         except lmdb.Error as exc:
-            raise UsageError(f"{self.path}: not an LMDB file ({exc}); give the .lmdb file that `pack` wrote") from None
+            raise UsageError(f"{self.path}: cannot open as an LMDB pack ({exc}); give the .lmdb file "
+                             "that `pack` wrote") from None
         self._txn = self._env.begin(buffers=True)
         raw = self._txn.get(LMDB_MANIFEST_KEY)
         if raw is None:
@@ -218,8 +232,13 @@ class PackReader:
             path = self.path / self.part_names[part]
             with open(path, "rb") as f:
                 mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            if mapped[:4] != SHARD_MAGIC or int(np.frombuffer(mapped, SHARD_HEADER, 1)[0]["part"]) != part:
+            header = np.frombuffer(mapped, SHARD_HEADER, 1)[0] if len(mapped) >= SHARD_HEADER.itemsize else None
+            if header is None or bytes(header["magic"]) != SHARD_MAGIC or int(header["part"]) != part:
                 raise PackFormatError(f"{path}: not shard {part} of this pack; the pack is damaged")
+            if int(header["version"]) != FORMAT_VERSION:
+                raise PackFormatError(f"{path}: shard format version {int(header['version'])}, this packload "
+                                      f"reads version {FORMAT_VERSION}; upgrade packload or re-pack")
+            del header
             self._maps[part] = mapped
         return mapped
 
@@ -293,7 +312,7 @@ class PackReader:
             self._txn.abort()
             self._txn = None
         if self._env is not None:
-            _ENVIRONMENTS.release(self.path)
+            _ENVIRONMENTS.release(self._env_key)
             self._env = None
         for mapped in self._maps.values():
             try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import os
 import warnings
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ import numpy as np
 from PIL import Image
 
 from .format import ENCODINGS, RAW_CHANNELS
+from .probe import BombError, probe
 from .scan import Sample
 
 CHECKS = ("fast", "full")
@@ -65,6 +67,7 @@ class Encoded:
     format: str
     orientation: int
     source_bytes: int
+    crc32: int  # of the payload, computed in the worker so the writer need not
 
 
 @dataclass(frozen=True)
@@ -132,7 +135,7 @@ def _reencode(image: Image.Image, options: EncodeOptions) -> tuple[bytes, int, i
         rgb = rgb.resize(target, Image.Resampling.BICUBIC, reducing_gap=3.0)
     if options.encoding == "raw":
         pixels = np.asarray(rgb, dtype=np.uint8)
-        assert pixels.shape[2] == RAW_CHANNELS["RGB"]
+        assert pixels.shape[2] == RAW_CHANNELS
         return pixels.tobytes(), rgb.width, rgb.height, "RGB", "raw"
     out = io.BytesIO()
     if options.encoding == "jpeg":
@@ -152,6 +155,17 @@ def encode_file(root: str, sample: Sample, options: EncodeOptions) -> Encoded | 
     if not data:
         return Skipped(sample.path, "empty file (0 bytes)")
     try:
+        with _pixel_limit(options.max_pixels):
+            header = probe(data) if options.check == "fast" and options.encoding == "keep" else None
+    except BombError as exc:
+        return _bomb(sample, options, exc)
+    if header is not None:
+        problem = truncation_problem(data, header.format)
+        if problem:
+            return Skipped(sample.path, problem)
+        return Encoded(sample.path, sample.label, data, header.width, header.height, header.mode,
+                       header.format, header.orientation, len(data), zlib.crc32(data))
+    try:
         with _pixel_limit(options.max_pixels), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # palette-transparency and large-image notes
             image = Image.open(io.BytesIO(data))
@@ -163,17 +177,22 @@ def encode_file(root: str, sample: Sample, options: EncodeOptions) -> Encoded | 
             orientation = _orientation(image)
             if options.encoding == "keep":
                 return Encoded(sample.path, sample.label, data, image.width, image.height, image.mode,
-                               image.format or "other", orientation, len(data))
+                               image.format or "other", orientation, len(data), zlib.crc32(data))
             payload, width, height, mode, fmt = _reencode(image, options)
     except Image.UnidentifiedImageError:
         return Skipped(sample.path, "not an image PIL can identify (wrong extension or damaged header)")
     except Image.DecompressionBombError as exc:
-        limit = options.max_pixels or Image.MAX_IMAGE_PIXELS
-        return Skipped(sample.path, f"decompression bomb ({exc}); if the image is genuine, raise the "
-                                    f"limit on purpose with --max-pixels (now {limit})")
+        return _bomb(sample, options, exc)
     except Exception as exc:  # noqa: BLE001 - PIL raises many types on hostile data; each is a skip
         return Skipped(sample.path, f"not a readable image: {type(exc).__name__}: {exc}")
-    return Encoded(sample.path, sample.label, payload, width, height, mode, fmt, orientation, len(data))
+    return Encoded(sample.path, sample.label, payload, width, height, mode, fmt, orientation, len(data),
+                   zlib.crc32(payload))
+
+
+def _bomb(sample: Sample, options: EncodeOptions, exc: Exception) -> Skipped:
+    limit = options.max_pixels or Image.MAX_IMAGE_PIXELS
+    return Skipped(sample.path, f"decompression bomb ({exc}); if the image is genuine, raise the "
+                                f"limit on purpose with --max-pixels (now {limit})")
 
 
 def encode_chunk(root: str, samples: list[Sample], options: EncodeOptions) -> list[Encoded | Skipped]:

@@ -106,10 +106,10 @@ SHARD_MAGIC = b"PLSD"
 SHARD_HEADER = np.dtype([("magic", "S4"), ("version", "<u4"), ("part", "<u4"), ("reserved", "<u4")])
 assert SHARD_HEADER.itemsize == 16
 
-# Payload format codes. "raw" is uint8 pixels, height x width x channels (channels from mode).
+# Payload format codes. "raw" is uint8 RGB pixels, height x width x 3, row-major (mode "RGB").
 PAYLOAD_FORMATS = ("raw", "JPEG", "PNG", "BMP", "TIFF", "WEBP", "PPM", "MPO", "other")
 FORMAT_CODE = {name: code for code, name in enumerate(PAYLOAD_FORMATS)}
-RAW_CHANNELS = {"RGB": 3, "L": 1}
+RAW_CHANNELS = 3
 
 _HEADER_BODY = struct.Struct("<QQIiIIHBB8sI")  # the header after magic and header_crc32
 assert _HEADER_BODY.size + 8 == RECORD_HEADER.itemsize
@@ -132,17 +132,26 @@ class RecordMeta:
     path: str
 
 
+def _utf8(raw: bytes, record: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise PackFormatError(f"record {record}: stored path is not valid UTF-8; the pack is damaged") from None
+
+
 def payload_format_code(pil_format: str | None) -> int:
     """The code stored for a PIL format name; unknown formats are stored as ``other``."""
     return FORMAT_CODE.get(pil_format or "other", FORMAT_CODE["other"])
 
 
-def encode_record(meta: RecordMeta, payload: bytes | memoryview) -> tuple[bytes, int]:
-    """Return (header + path bytes, payload CRC-32) for one record; the payload follows them."""
+def encode_record(meta: RecordMeta, payload: bytes | memoryview, payload_crc: int | None = None) -> tuple[bytes, int]:
+    """Return (header + path bytes, payload CRC-32) for one record; the payload follows them.
+    ``payload_crc`` may be given when already computed (it is not checked)."""
     path = meta.path.encode("utf-8")
     if len(path) > 0xFFFF:
         raise PackFormatError(f"{meta.path[:80]}...: path longer than 65535 bytes; shorten it")
-    payload_crc = zlib.crc32(payload)
+    if payload_crc is None:
+        payload_crc = zlib.crc32(payload)
     body = _HEADER_BODY.pack(
         meta.record,
         len(payload),
@@ -196,7 +205,7 @@ def decode_record_header(buf: bytes | memoryview, offset: int = 0) -> tuple[Reco
         format=PAYLOAD_FORMATS[fmt],
         mode=mode.rstrip(b"\0").decode("ascii", "replace"),
         orientation=orientation,
-        path=path.decode("utf-8", "surrogateescape"),
+        path=_utf8(path, record),
     )
     return meta, payload_start, payload_len, payload_crc
 
@@ -255,8 +264,10 @@ def decode_index(buf: bytes | memoryview, where: str) -> tuple[np.ndarray, bytes
     entries = np.frombuffer(buf, INDEX_ENTRY, count=count, offset=INDEX_HEADER.itemsize)
     paths = bytes(memoryview(buf)[INDEX_HEADER.itemsize + count * INDEX_ENTRY.itemsize :])
     ends = entries["path_offset"].astype(np.uint64) + entries["path_len"].astype(np.uint64)
-    if count and int(ends.max()) > paths_len:
+    if count and (int(ends.max()) > paths_len or (ends < entries["path_offset"]).any()):
         raise PackFormatError(f"{where}: index points past its paths blob; the pack is damaged")
+    if count and int(entries["format"].max()) >= len(PAYLOAD_FORMATS):
+        raise PackFormatError(f"{where}: index holds an unknown payload format code; the pack is damaged")
     return entries, paths
 
 
@@ -280,7 +291,10 @@ def check_entries_fit(entries: np.ndarray, part_sizes: np.ndarray, where: str) -
 def entry_path(entries: np.ndarray, paths: bytes, i: int) -> str:
     """The original relative path of record ``i``."""
     start = int(entries["path_offset"][i])
-    return paths[start : start + int(entries["path_len"][i])].decode("utf-8", "surrogateescape")
+    try:
+        return paths[start : start + int(entries["path_len"][i])].decode("utf-8")
+    except UnicodeDecodeError:
+        raise PackFormatError(f"record {i}: stored path is not valid UTF-8; the pack is damaged") from None
 
 
 def encode_manifest(manifest: dict[str, Any]) -> bytes:
@@ -292,8 +306,9 @@ def decode_manifest(raw: bytes, where: str) -> dict[str, Any]:
     """Parse and check a manifest: it must be ours, of a version we read, and well formed."""
     try:
         manifest = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PackFormatError(f"{where}: manifest is not valid JSON ({exc}); the pack is damaged") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise PackFormatError(f"{where}: manifest is not valid JSON ({type(exc).__name__}); "
+                              "the pack is damaged") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
         raise PackFormatError(f"{where}: not a packload manifest (format is "
                               f"{manifest.get('format') if isinstance(manifest, dict) else type(manifest).__name__!r})")
@@ -306,8 +321,11 @@ def decode_manifest(raw: bytes, where: str) -> dict[str, Any]:
     if manifest["backend"] not in BACKENDS or manifest["encoding"] not in ENCODINGS:
         raise PackFormatError(f"{where}: unknown backend or encoding in manifest "
                               f"({manifest['backend']!r}, {manifest['encoding']!r})")
-    if not isinstance(manifest["records"], int) or manifest["records"] < 0:
+    if type(manifest["records"]) is not int or manifest["records"] < 0:
         raise PackFormatError(f"{where}: manifest record count {manifest['records']!r} is not valid")
     if not isinstance(manifest["classes"], list) or not all(isinstance(c, str) for c in manifest["classes"]):
         raise PackFormatError(f"{where}: manifest classes must be a list of names")
+    if not isinstance(manifest["skipped"], list) or not all(
+            isinstance(s, dict) and isinstance(s.get("path"), str) for s in manifest["skipped"]):
+        raise PackFormatError(f"{where}: manifest skipped must be a list of {{path, reason}} entries")
     return manifest

@@ -26,7 +26,7 @@ from . import __version__
 from .encode import Encoded, EncodeOptions, Skipped, encode_chunk
 from .errors import PackFormatError, SkippedFileError, UsageError, WriteError
 from .format import FORMAT_NAME, FORMAT_VERSION, RecordMeta
-from .scan import Sample, ScanResult, scan_folder
+from .scan import Sample, ScanResult, printable, scan_folder
 from .write_lmdb import LmdbWriter
 from .write_shards import ShardsWriter, fsync_dir
 
@@ -72,9 +72,10 @@ def _check_destination(src: Path, dst: Path, overwrite: bool) -> None:
 
 def _source_bytes(scan: ScanResult) -> int:
     total = 0
+    root = str(scan.root)
     for sample in scan.samples:
         try:
-            total += os.path.getsize(scan.root / sample.path)
+            total += os.path.getsize(os.path.join(root, sample.path))
         except OSError:
             pass  # reported as skipped when encoded
     return total
@@ -196,28 +197,31 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: s
     map_size = max(64 << 20, 2 * source_bytes + (64 << 20))
     if options.encoding == "raw":
         map_size = max(map_size, 8 * source_bytes)
-    writer: ShardsWriter | LmdbWriter
+    writer: ShardsWriter | LmdbWriter | None = None
     if tmp.exists() and resume:
         try:
-            if backend == "lmdb":
-                writer, kept, noted = LmdbWriter.resume(tmp, map_size)
-            else:
-                writer, kept, noted = ShardsWriter.resume(tmp, shard_size)
+            resumed = (LmdbWriter.resume(tmp, map_size) if backend == "lmdb"
+                       else ShardsWriter.resume(tmp, shard_size))
         except PackFormatError as exc:
             raise UsageError(str(exc)) from None
-        start, skipped = _resume_point(scan, kept, noted, options_record)
-    else:
-        if tmp.exists() or Path(str(tmp) + "-lock").exists():
-            if not overwrite:
-                raise UsageError(f"{tmp}: an unfinished pack is there; add --resume to finish it, "
-                                 "or --overwrite to start over")
+        if resumed is None:  # killed before its first checkpoint: nothing to keep
             _remove(tmp)
+        else:
+            writer, kept, noted = resumed
+            start, skipped = _resume_point(scan, kept, noted, options_record)
+    elif tmp.exists() or Path(str(tmp) + "-lock").exists():
+        if not overwrite:
+            raise UsageError(f"{tmp}: an unfinished pack is there; add --resume to finish it, "
+                             "or --overwrite to start over")
+        _remove(tmp)
+    if writer is None:
         try:
             if backend == "lmdb":
                 writer = LmdbWriter(tmp, map_size)
             else:
                 tmp.mkdir()
                 writer = ShardsWriter(tmp, shard_size)
+            writer.checkpoint({"options": options_record, "skipped": []})
         except OSError as exc:
             raise WriteError(f"{tmp}: cannot create ({exc.strerror}); check the destination") from None
         start, skipped = 0, []
@@ -303,7 +307,7 @@ def _write_all(scan: ScanResult, writer: ShardsWriter | LmdbWriter, start: int, 
         "encoding": options.encoding,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "packload_version": __version__,
-        "source": {"name": scan.root.resolve().name, "files": total, "bytes": source_bytes},
+        "source": {"name": printable(scan.root.resolve().name), "files": total, "bytes": source_bytes},
         "labelled": scan.labelled,
         "classes": scan.classes,
         "class_counts": {name: int((labels == i).sum()) for i, name in enumerate(scan.classes)},

@@ -52,7 +52,8 @@ def _walk_files(top: Path, root: Path, ignored: list[dict[str, str]]) -> list[st
     seen_dirs: set[tuple[int, int]] = set()
 
     def onerror(exc: OSError) -> None:
-        ignored.append({"path": _rel(Path(exc.filename or top), root), "reason": f"unreadable folder: {exc.strerror}"})
+        ignored.append({"path": printable(_rel(Path(exc.filename or top), root)),
+                        "reason": f"unreadable folder: {exc.strerror}"})
 
     for dirpath, dirnames, filenames in os.walk(top, followlinks=True, onerror=onerror):
         try:
@@ -61,18 +62,25 @@ def _walk_files(top: Path, root: Path, ignored: list[dict[str, str]]) -> list[st
             dirnames[:] = []
             continue
         if (st.st_dev, st.st_ino) in seen_dirs:  # a symlink loop: walk each real folder once
-            ignored.append({"path": _rel(Path(dirpath), root), "reason": "symlink loop: folder already scanned"})
+            ignored.append({"path": printable(_rel(Path(dirpath), root)),
+                            "reason": "symlink loop: folder already scanned"})
             dirnames[:] = []
             continue
         seen_dirs.add((st.st_dev, st.st_ino))
-        for name in [d for d in dirnames if d.startswith(".")]:
-            ignored.append({"path": _rel(Path(dirpath) / name, root), "reason": "hidden folder"})
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in dirnames:
+            if name.startswith("."):
+                ignored.append({"path": _rel(Path(dirpath) / name, root), "reason": "hidden folder"})
+            elif not is_utf8(name):
+                ignored.append({"path": printable(_rel(Path(dirpath) / name, root)),
+                                "reason": "name is not valid UTF-8; rename the folder"})
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and is_utf8(d))
         images = []
         for name in sorted(filenames):
             rel = _rel(Path(dirpath) / name, root)
             if name.startswith("."):
                 ignored.append({"path": rel, "reason": "hidden file"})
+            elif not is_utf8(rel):
+                ignored.append({"path": printable(rel), "reason": "name is not valid UTF-8; rename the file"})
             elif not is_image_name(name):
                 ignored.append({"path": rel, "reason": "not an image extension"})
             else:
@@ -83,6 +91,20 @@ def _walk_files(top: Path, root: Path, ignored: list[dict[str, str]]) -> list[st
 
 def _rel(path: Path, root: Path) -> str:
     return path.relative_to(root).as_posix()
+
+
+def printable(path: str) -> str:
+    """``path`` with bytes that are not UTF-8 shown as ``\\xNN`` (for listings and messages)."""
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def is_utf8(path: str) -> bool:
+    """False for names holding bytes that are not UTF-8 (which the format cannot store)."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def scan_folder(src: str | os.PathLike[str]) -> ScanResult:
@@ -97,17 +119,19 @@ def scan_folder(src: str | os.PathLike[str]) -> ScanResult:
     except PermissionError:
         raise UsageError(f"{root}: cannot read the source folder; check its permissions") from None
     ignored: list[dict[str, str]] = []
-    class_dirs = [e for e in entries if not e.name.startswith(".") and e.is_dir()]
+    class_dirs = [e for e in entries if not e.name.startswith(".") and e.is_dir() and is_utf8(e.name)]
     for e in entries:
         if e.name.startswith("."):
             ignored.append({"path": e.name, "reason": "hidden folder" if e.is_dir() else "hidden file"})
+        elif not is_utf8(e.name):
+            ignored.append({"path": printable(e.name), "reason": "name is not valid UTF-8; rename it"})
     if class_dirs:
         classes = [e.name for e in class_dirs]
         samples: list[Sample] = []
         for label, entry in enumerate(class_dirs):
             samples.extend(Sample(rel, label) for rel in _walk_files(Path(entry.path), root, ignored))
         for e in entries:
-            if not e.name.startswith(".") and not e.is_dir():
+            if not e.name.startswith(".") and not e.is_dir() and is_utf8(e.name):
                 ignored.append({"path": e.name, "reason": "file outside the class folders"})
     else:
         classes = []

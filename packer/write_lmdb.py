@@ -65,7 +65,7 @@ class LmdbWriter:
         """Append one record to the current chunk, sealing the chunk when it is full."""
         meta = RecordMeta(self.index.count, item.label, item.width, item.height, item.format,
                           item.mode, item.orientation, item.path)
-        head, crc = encode_record(meta, item.payload)
+        head, crc = encode_record(meta, item.payload, item.crc32)
         if self._chunk and len(self._chunk) + len(head) + len(item.payload) > self.chunk_size:
             self._seal_chunk()
         self.index.add(meta, self.chunks, len(self._chunk), len(item.payload), crc)
@@ -119,8 +119,8 @@ class LmdbWriter:
         manifest = dict(manifest, parts={"chunks": self.chunks, "chunk_size": self.chunk_size},
                         index={"name": LMDB_INDEX_KEY.decode(), "size": len(index),
                                "sha256": hashlib.sha256(index).hexdigest()})
-        self._commit({LMDB_INDEX_KEY: index, PROGRESS_KEY: None})
-        self._commit({LMDB_MANIFEST_KEY: encode_manifest(manifest)})
+        # One transaction: the pack is either unfinished (progress, no manifest) or complete.
+        self._commit({LMDB_INDEX_KEY: index, PROGRESS_KEY: None, LMDB_MANIFEST_KEY: encode_manifest(manifest)})
         self.env.sync(True)
         self.close()
         return manifest
@@ -133,15 +133,15 @@ class LmdbWriter:
         remove_lock_file(self.path)
 
     @classmethod
-    def resume(cls, path: Path, map_size: int) -> tuple[LmdbWriter, list[RecordMeta], dict[str, Any]]:
-        """Reopen an unfinished LMDB pack: keep every intact chunk in order, drop the rest."""
+    def resume(cls, path: Path, map_size: int) -> tuple[LmdbWriter, list[RecordMeta], dict[str, Any]] | None:
+        """Reopen an unfinished LMDB pack: keep every intact chunk in order, drop the rest.
+        None when no checkpoint was ever made (nothing to keep)."""
         writer = cls(path, max(map_size, os.path.getsize(path) * 2))
         with writer.env.begin() as txn:
             raw = txn.get(PROGRESS_KEY)
         if raw is None:
             writer.close()
-            raise PackFormatError(f"{path}: no progress record; this unfinished pack cannot be resumed: "
-                                  "start over with --overwrite")
+            return None
         progress = json.loads(raw)
         kept: list[RecordMeta] = []
         stale: list[bytes] = []

@@ -10,6 +10,7 @@ import hashlib
 import json
 import mmap
 import os
+import re
 import struct
 import zlib
 from pathlib import Path
@@ -97,7 +98,7 @@ class ShardsWriter:
         """Append one record, starting a new shard when this one would pass ``shard_size``."""
         meta = RecordMeta(self.index.count, item.label, item.width, item.height, item.format,
                           item.mode, item.orientation, item.path)
-        head, crc = encode_record(meta, item.payload)
+        head, crc = encode_record(meta, item.payload, item.crc32)
         size = len(head) + len(item.payload)
         if self._file is None:
             self._open_part(len(self.parts))
@@ -127,8 +128,8 @@ class ShardsWriter:
         write_file_atomic(self.folder / INDEX_NAME, index)
         manifest = dict(manifest, parts=self.parts,
                         index={"name": INDEX_NAME, "size": len(index), "sha256": hashlib.sha256(index).hexdigest()})
-        (self.folder / PROGRESS_NAME).unlink(missing_ok=True)
         write_file_atomic(self.folder / MANIFEST_NAME, encode_manifest(manifest))
+        (self.folder / PROGRESS_NAME).unlink(missing_ok=True)  # kept until now: a crash before can resume
         fsync_dir(self.folder)
         return manifest
 
@@ -143,16 +144,19 @@ class ShardsWriter:
 
     # -- resuming --------------------------------------------------------------------------
     @classmethod
-    def resume(cls, folder: Path, shard_size: int) -> tuple[ShardsWriter, list[RecordMeta], dict[str, Any]]:
+    def resume(cls, folder: Path, shard_size: int) -> tuple[ShardsWriter, list[RecordMeta], dict[str, Any]] | None:
         """Reopen an unfinished shards folder: keep every intact record, cut off the rest.
 
         Returns the writer positioned after the last intact record, the kept records' metadata
-        in order, and the progress noted at the last checkpoint.
+        in order, and the progress noted at the last checkpoint; None when no checkpoint was ever
+        made (nothing to keep).
         """
+        if not (folder / PROGRESS_NAME).exists():
+            return None
         try:
             progress = json.loads((folder / PROGRESS_NAME).read_text("utf-8"))
         except (OSError, ValueError):
-            raise PackFormatError(f"{folder}: no readable {PROGRESS_NAME}; this unfinished pack cannot be "
+            raise PackFormatError(f"{folder}: unreadable {PROGRESS_NAME}; this unfinished pack cannot be "
                                   "resumed: start over with --overwrite") from None
         writer = cls(folder, shard_size)
         kept: list[RecordMeta] = []
@@ -176,7 +180,8 @@ class ShardsWriter:
             if not whole:
                 break
         for stale in folder.glob("shard-*.bin"):
-            if stale.name >= shard_name(part):
+            number = re.fullmatch(r"shard-(\d+)\.bin", stale.name)
+            if number and int(number.group(1)) >= part:
                 stale.unlink()
         if writer.parts:  # go on appending to the last shard
             last = writer.parts.pop()

@@ -91,8 +91,6 @@ def test_collate_rejects_non_rgb_uint8(image: object) -> None:
         collate_uint8([(image, 0)])
 
 
-@pytest.mark.xfail(strict=True, reason="_as_chw checks the channel count of arrays and PIL images (3) but "
-                   "not of tensors, so a 4xHxW (RGBA) or HxWx3 (wrong layout) tensor batch is accepted")
 def test_collate_rejects_tensor_without_three_channels() -> None:
     with pytest.raises(ValueError):
         collate_uint8([(torch.zeros(4, 6, 5, dtype=torch.uint8), 0), (torch.zeros(4, 6, 5, dtype=torch.uint8), 1)])

@@ -164,6 +164,13 @@ def test_record_header_rejects_unknown_payload_format() -> None:
     assert decode_record_header(_forge_header(payload_len=0, fmt=0))[0].format == "raw"
 
 
+def test_record_header_rejects_invalid_utf8_path() -> None:
+    """A path that is not UTF-8 under a *correct* CRC (a buggy or hostile writer) is refused."""
+    with pytest.raises(PackFormatError, match="not valid UTF-8"):
+        decode_record_header(_forge_header(payload_len=0, fmt=1, path=b"caf\xe9.png"))
+    assert decode_record_header(_forge_header(payload_len=0, fmt=1, path="café.png".encode()))[0].path == "café.png"
+
+
 def test_record_header_rejects_huge_payload_len() -> None:
     with pytest.raises(PackFormatError, match="payload runs past the end"):
         decode_record_header(_forge_header(payload_len=2**64 - 1, fmt=1) + b"abc")
@@ -285,12 +292,23 @@ def test_decode_index_rejects_path_past_blob(index_raw: bytes) -> None:
         decode_index(_with_entry(index_raw, 3, path_len=0xFFFF), "idx")
 
 
-@pytest.mark.xfail(strict=True, reason="decode_index sums path_offset + path_len in uint64, so a huge "
-                   "path_offset wraps below paths_len and the damaged index is accepted")
 def test_decode_index_rejects_path_offset_overflow(index_raw: bytes) -> None:
-    damaged = _with_entry(index_raw, 1, path_offset=2**64 - 1, path_len=2)  # sum wraps to 1
-    with pytest.raises(PackFormatError):
+    damaged = _with_entry(index_raw, 1, path_offset=2**64 - 1, path_len=2)  # the uint64 sum wraps to 1
+    with pytest.raises(PackFormatError, match="points past its paths blob"):
         decode_index(damaged, "idx")
+
+
+def test_decode_index_rejects_unknown_payload_format(index_raw: bytes) -> None:
+    decode_index(_with_entry(index_raw, 2, format=len(PAYLOAD_FORMATS) - 1), "idx")  # the last code is fine
+    with pytest.raises(PackFormatError, match="unknown payload format"):
+        decode_index(_with_entry(index_raw, 2, format=len(PAYLOAD_FORMATS)), "idx")
+
+
+def test_entry_path_rejects_invalid_utf8() -> None:
+    entries, blob, _ = build_index(["ab", "cd"])
+    with pytest.raises(PackFormatError, match="record 1: stored path is not valid UTF-8"):
+        entry_path(entries, b"ab\xff\xfe", 1)
+    assert entry_path(entries, blob, 1) == "cd"
 
 
 def test_check_entries_fit_accepts_exact_fit() -> None:
@@ -394,22 +412,16 @@ def test_manifest_rejects_bad_types(field: str, value: object, match: str) -> No
         decode_manifest(encode_manifest(dict(valid_manifest(), **{field: value})), "m.json")
 
 
-@pytest.mark.xfail(strict=True, reason="decode_manifest accepts JSON true as the record count "
-                   "(bool is an int subclass), so a damaged manifest passes as a 1-record pack")
 def test_manifest_rejects_boolean_record_count() -> None:
     with pytest.raises(PackFormatError):
         decode_manifest(encode_manifest(dict(valid_manifest(), records=True)), "m.json")
 
 
-@pytest.mark.xfail(strict=True, reason="decode_manifest requires 'skipped' but never checks its type; "
-                   "callers that iterate or len() it then fail with TypeError")
 def test_manifest_rejects_non_list_skipped() -> None:
     with pytest.raises(PackFormatError):
         decode_manifest(encode_manifest(dict(valid_manifest(), skipped=5)), "m.json")
 
 
-@pytest.mark.xfail(strict=True, reason="decode_manifest lets json's RecursionError escape on deeply "
-                   "nested JSON instead of raising PackFormatError")
 def test_manifest_rejects_deeply_nested_json() -> None:
     raw = b'{"format": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     with pytest.raises(PackFormatError):

@@ -3,6 +3,8 @@ compare with what PIL reads from the original file."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -10,7 +12,12 @@ from PIL import Image
 from loaders import PackedImageFolder, PackReader
 from packer import EncodeOptions, pack
 from packer.scan import IMG_EXTENSIONS, scan_folder
-from tests.image_factory import make_image_folder, write_broken_files, write_hidden_and_stray, write_odd_images
+from tests.image_factory import (
+    make_image_folder,
+    write_broken_files,
+    write_hidden_and_stray,
+    write_odd_images,
+)
 
 BACKENDS = ("lmdb", "shards")
 ENCODINGS = ("keep", "png", "raw", "jpeg")
@@ -144,3 +151,18 @@ def test_keep_pack_size_is_close_to_source(tmp_path):
     for backend in BACKENDS:
         summary = pack(src, tmp_path / f"k.{backend}", backend=backend, workers=1, progress=False)
         assert summary["pack_bytes"] <= summary["source_bytes"] * 1.10 + 64 * 1024
+
+
+def test_names_that_are_not_utf8_are_listed_not_fatal(tmp_path):
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    Image.new("RGB", (6, 6)).save(src / "a" / "good.png")
+    bad_dir = os.fsencode(src / "a") + b"/bad\xff.png"
+    Image.new("RGB", (6, 6)).save(bad_dir.decode("utf-8", "surrogateescape"))
+    os.makedirs(os.fsencode(src) + b"/cls\xfe", exist_ok=True)
+    summary = pack(src, tmp_path / "u.lmdb", workers=1, progress=False)
+    ds = PackedImageFolder(tmp_path / "u.lmdb")
+    assert summary["records"] == 1 and ds.classes == ["a"]
+    reasons = {item["path"]: item["reason"] for item in ds.manifest["ignored"]}
+    assert "not valid UTF-8" in reasons["a/bad\\xff.png"]
+    assert "not valid UTF-8" in reasons["cls\\xfe"]

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -22,16 +21,21 @@ from tests.image_factory import make_image_folder, write_broken_files
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Packs slowly (a pause per file) so the test can kill it part-way; checkpoints every 7 files.
+# Packs slowly (a pause per file), printing how many files it has encoded, so the test can kill it
+# at a chosen point; checkpoints every 7 files.
 SLOW_PACK = textwrap.dedent("""
     import sys, time
     import packer.pipeline as p
     real = p.encode_chunk
+    done = 0
     def slow(root, samples, options):
+        global done
         out = []
         for s in samples:
-            time.sleep(0.02)
+            time.sleep(0.01)
             out.extend(real(root, [s], options))
+            done += 1
+            print(done, flush=True)
         return out
     p.encode_chunk = slow
     p.CHUNK_FILES = 3
@@ -64,15 +68,20 @@ def records_of(path: Path) -> list[tuple]:
                 for i in range(reader.records)]
 
 
-def kill_part_way(source: Path, dst: Path, after: float) -> None:
-    proc = subprocess.Popen([sys.executable, "-c", SLOW_PACK, str(source), str(dst)], cwd=REPO)
-    time.sleep(after)
+def kill_part_way(source: Path, dst: Path, after: int) -> None:
+    """Run the slow pack and SIGKILL it once it has encoded ``after`` files."""
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_PACK, str(source), str(dst)], cwd=REPO,
+                            stdout=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if int(line) >= after:
+            break
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    proc.stdout.close()
 
 
 @pytest.mark.parametrize("backend", ["lmdb", "shards"])
-@pytest.mark.parametrize("after", [0.6, 1.4])
+@pytest.mark.parametrize("after", [2, 40, 94])
 def test_kill_then_resume_matches_uninterrupted(source, reference, tmp_path, capsys, backend, after):
     dst = tmp_path / f"out.{backend}"
     kill_part_way(source, dst, after)
@@ -100,14 +109,14 @@ def test_kill_then_resume_matches_uninterrupted(source, reference, tmp_path, cap
 def test_resume_really_continues(source, tmp_path):
     """Killed late, the resumed run starts after the records already on disk, not from zero."""
     dst = tmp_path / "late.shards"
-    kill_part_way(source, dst, 1.8)
+    kill_part_way(source, dst, 60)
     summary = pack(source, dst, workers=1, progress=False, resume=True, shard_size=1 << 16)
     assert summary["resumed_at"] and summary["resumed_at"] >= 7
 
 
 def test_resume_refuses_other_options(source, tmp_path):
     dst = tmp_path / "opts.lmdb"
-    kill_part_way(source, dst, 1.0)
+    kill_part_way(source, dst, 20)
     from packer import EncodeOptions, UsageError
 
     with pytest.raises(UsageError, match="other options"):
@@ -118,7 +127,7 @@ def test_resume_refuses_a_changed_source(source, tmp_path_factory):
     src = tmp_path_factory.mktemp("changing")
     make_image_folder(src, classes=("a", "b"), per_class=30, seed=6)
     dst = tmp_path_factory.mktemp("out") / "c.shards"
-    kill_part_way(src, dst, 1.4)
+    kill_part_way(src, dst, 30)
     progress = json.loads((partial_path(dst) / "progress.json").read_text())
     assert "options" in progress
     first = sorted((src / "a").iterdir())[0]
@@ -131,7 +140,7 @@ def test_resume_refuses_a_changed_source(source, tmp_path_factory):
 
 def test_overwrite_discards_an_unfinished_pack(source, reference, tmp_path):
     dst = tmp_path / "o.lmdb"
-    kill_part_way(source, dst, 0.8)
+    kill_part_way(source, dst, 10)
     pack(source, dst, workers=1, progress=False, overwrite=True)
     assert not partial_path(dst).exists() and not Path(str(partial_path(dst)) + "-lock").exists()
     assert records_of(dst) == records_of(reference["lmdb"])

@@ -1,0 +1,253 @@
+"""The measuring core: a declared grid of cases, run interleaved, summarised as plain dicts.
+
+A :class:`Case` is one contender in one setting (``run`` returns a dict of figures, one of them the
+``primary`` metric). :func:`run_grid` gives every case its warm-up runs, then runs the repeats in
+rounds, A B C A B C ..., so that a noisy machine affects every contender alike, and records the
+peak RSS of this process plus its children during each run. :func:`summarize` gives the median and
+spread, :func:`add_ratios` the ratios against a named baseline.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import statistics
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+try:  # optional: a better peak RSS (sampled sum over the process tree)
+    import psutil
+except ImportError:  # pragma: no cover - depends on the environment
+    psutil = None
+
+Figures = dict[str, Any]
+
+
+@dataclass
+class Case:
+    """One contender in one setting.
+
+    ``run`` does the measured work and returns its figures (it times itself; ``primary`` names the
+    figure that ranks the cases). ``setup`` runs before every run, untimed (e.g. cache eviction) and
+    may return figures that are kept with the run (e.g. the eviction check).
+    """
+
+    name: str
+    run: Callable[[], Figures]
+    primary: str
+    higher_is_better: bool = True
+    setup: Callable[[], Figures | None] | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    skip_reason: str | None = None
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def _quantile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear-interpolation quantile (numpy's default method) of already sorted values."""
+    if not sorted_values:
+        raise ValueError("no values")
+    pos = (len(sorted_values) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def summarize(values: Sequence[float]) -> dict[str, float | int]:
+    """Median, min, max, quartiles, IQR and relative spread ((max-min)/median) of ``values``."""
+    vals = sorted(float(v) for v in values)
+    if not vals:
+        raise ValueError("summarize() needs at least one value")
+    median = statistics.median(vals)
+    q1, q3 = _quantile(vals, 0.25), _quantile(vals, 0.75)
+    return {
+        "n": len(vals),
+        "median": median,
+        "min": vals[0],
+        "max": vals[-1],
+        "q1": q1,
+        "q3": q3,
+        "iqr": q3 - q1,
+        "rel_spread": (vals[-1] - vals[0]) / median if median else float("nan"),
+    }
+
+
+def ratio(value: float | None, base: float | None, higher_is_better: bool = True) -> float | None:
+    """How many times better ``value`` is than ``base`` (>1 is better), None when either is missing."""
+    if value is None or base is None or value <= 0 or base <= 0:
+        return None
+    return value / base if higher_is_better else base / value
+
+
+def add_ratios(results: list[Figures], baseline: str, key: str = "ratio", metric: str = "median") -> None:
+    """Add ``results[i][key]``: each case's ``metric`` against the case named ``baseline`` (in place)."""
+    base = next((r for r in results if r["name"] == baseline), None)
+    base_value = base["stats"][metric] if base and base.get("stats") else None
+    for r in results:
+        value = r["stats"][metric] if r.get("stats") else None
+        r[key] = ratio(value, base_value, r.get("higher_is_better", True))
+        r[f"{key}_vs"] = baseline
+
+
+# ---------------------------------------------------------------- peak RSS
+
+
+class PeakRSS:
+    """Peak resident memory of this process plus all its children while the block runs.
+
+    With psutil: the RSS of the whole process tree is sampled every ``interval`` seconds and summed
+    (``peak_rss_mb``), also without file-backed pages (``peak_anon_mb``: RSS minus shared, so a pack
+    mapped by N workers is not counted N times). Without psutil: ``resource.getrusage``, i.e. this
+    process's lifetime peak and the largest reaped child's peak (not a sum; said in ``rss_method``).
+    """
+
+    def __init__(self, interval: float = 0.05) -> None:
+        self.interval = interval
+        self.peak_rss = 0
+        self.peak_anon = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _sample(self) -> None:
+        me = psutil.Process(os.getpid())
+        while True:
+            rss = anon = 0
+            try:
+                procs = [me, *me.children(recursive=True)]
+            except psutil.Error:
+                procs = [me]
+            for p in procs:
+                try:
+                    mem = p.memory_info()
+                except psutil.Error:
+                    continue
+                rss += mem.rss
+                anon += max(0, mem.rss - getattr(mem, "shared", 0))
+            self.peak_rss = max(self.peak_rss, rss)
+            self.peak_anon = max(self.peak_anon, anon)
+            if self._stop.wait(self.interval):
+                return
+
+    def __enter__(self) -> PeakRSS:
+        if psutil is not None:
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+
+    def figures(self) -> Figures:
+        """The peaks in MB, and how they were measured."""
+        if psutil is not None:
+            return {"peak_rss_mb": self.peak_rss / 1e6, "peak_anon_mb": self.peak_anon / 1e6,
+                    "rss_method": "psutil: sampled sum over process tree"}
+        scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss is bytes on macOS, KiB on Linux
+        own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+        child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * scale
+        return {"peak_rss_mb": (own + child) / 1e6, "peak_anon_mb": None,
+                "rss_method": "getrusage: lifetime peak of main + largest child (no psutil)"}
+
+
+# ---------------------------------------------------------------- the grid
+
+
+def _one(case: Case, phase: str, log: Callable[[str], None] | None) -> Figures:
+    """Set up and run ``case`` once; an exception becomes ``{"error": ...}``."""
+    figures: Figures = {"phase": phase}
+    try:
+        if case.setup is not None:
+            figures["setup"] = case.setup() or {}
+        with PeakRSS() as peak:
+            started = time.perf_counter()
+            figures.update(case.run())
+            figures["wall_s"] = time.perf_counter() - started
+        figures.update(peak.figures())
+    except Exception as exc:  # a failing contender is reported, never dropped
+        figures["error"] = f"{type(exc).__name__}: {exc}"
+        figures["traceback"] = traceback.format_exc(limit=6)
+    if log is not None:
+        shown = figures.get("error") or f"{case.primary}={figures.get(case.primary)!s:.10}"
+        log(f"  [{phase}] {case.name}: {shown}")
+    return figures
+
+
+def run_grid(cases: Sequence[Case], repeats: int = 3, warmup: int = 1,
+             log: Callable[[str], None] | None = None) -> list[Figures]:
+    """Run every case ``warmup`` times, then ``repeats`` rounds of all cases interleaved.
+
+    Returns one plain dict per case: name, info, every run's figures, ``stats`` (the primary
+    metric's :func:`summarize`), the median of every other numeric figure, and ``error`` or
+    ``skipped`` when it could not run. A case that fails is not run again.
+    """
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats {repeats} must be >= 1 and warmup {warmup} >= 0")
+    runs: dict[str, list[Figures]] = {c.name: [] for c in cases}
+    warm: dict[str, list[Figures]] = {c.name: [] for c in cases}
+    errors: dict[str, str] = {}
+    if len(runs) != len(cases):
+        raise ValueError("case names must be unique")
+
+    def live() -> list[Case]:
+        return [c for c in cases if c.skip_reason is None and c.name not in errors]
+
+    for i in range(warmup):
+        for case in live():
+            figures = _one(case, f"warmup {i + 1}", log)
+            warm[case.name].append(figures)
+            if "error" in figures:
+                errors[case.name] = figures["error"]
+    for i in range(repeats):
+        for case in live():
+            figures = _one(case, f"run {i + 1}", log)
+            runs[case.name].append(figures)
+            if "error" in figures:
+                errors[case.name] = figures["error"]
+
+    results = []
+    for case in cases:
+        good = [r for r in runs[case.name] if "error" not in r and r.get(case.primary) is not None]
+        result: Figures = {
+            "name": case.name,
+            "info": case.info,
+            "primary": case.primary,
+            "higher_is_better": case.higher_is_better,
+            "runs": runs[case.name],
+            "warmup_runs": warm[case.name],
+            "stats": summarize([r[case.primary] for r in good]) if good else None,
+        }
+        if good:
+            result["medians"] = _medians(good)
+        if case.skip_reason is not None:
+            result["skipped"] = case.skip_reason
+        if case.name in errors:
+            result["error"] = errors[case.name]
+        results.append(result)
+    return results
+
+
+def _medians(runs: list[Figures]) -> Figures:
+    """Median of every numeric figure over ``runs`` (peak memory: the maximum)."""
+    keys = {k for r in runs for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    out: Figures = {}
+    for key in sorted(keys):
+        values = [r[key] for r in runs if isinstance(r.get(key), (int, float))]
+        out[key] = max(values) if key.startswith("peak_") else statistics.median(values)
+    return out
+
+
+def best_of(results: list[Figures], names: Sequence[str] | None = None) -> Figures | None:
+    """The result with the best median among ``names`` (all when None), or None when none ran."""
+    pool = [r for r in results if r.get("stats") and (names is None or r["name"] in names)]
+    if not pool:
+        return None
+    sign = 1 if pool[0].get("higher_is_better", True) else -1
+    return max(pool, key=lambda r: sign * r["stats"]["median"])

@@ -1,0 +1,200 @@
+"""Run the benchmark suite and write results.md, results.json (and PNG charts with matplotlib).
+
+    python benchmarks/run.py [--quick] [--data DIR] [--out DIR] [--only pack|read|machine] [--no-peers]
+
+Full scale reads DATA/imagenet (20,000 JPEGs) and DATA/cifar (50,000 PNGs); ``--quick`` uses
+2,000 JPEGs and 10,000 PNGs. Missing datasets are generated (``packer.synthetic``, seeded). Parts
+run separately (``--only``) are merged into the results already in ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script from a checkout
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import bench_pack, bench_read, machine, plots, report  # noqa: E402
+from packer.synthetic import make_cifar_like, make_imagenet_like  # noqa: E402
+
+PARTS = ("machine", "pack", "read")
+SCALES: dict[str, dict[str, Any]] = {
+    "full": {"jpegs": 20000, "pngs": 50000, "repeats": 3, "warmup": 1, "workers": "0,1,2,4",
+             "bytes_samples": 20000, "decoded_samples": 20000, "crop_samples": 3000,
+             "decode_seconds": 1.5, "read_mb": 1024},
+    "quick": {"jpegs": 2000, "pngs": 10000, "repeats": 2, "warmup": 1, "workers": "0,2",
+              "bytes_samples": 10000, "decoded_samples": 5000, "crop_samples": 500,
+              "decode_seconds": 0.5, "read_mb": 256},
+}
+FFCV_NOTE = "FFCV: not installed here (benchmark-only recipe to come)."
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="benchmarks/run.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="a few minutes: 2,000 JPEGs, 10,000 PNGs, fewer runs")
+    p.add_argument("--data", type=Path, default=ROOT / "bench-data", help="datasets folder (generated if missing)")
+    p.add_argument("--out", type=Path, default=ROOT / "bench-results", help="where results.md/.json go")
+    p.add_argument("--work", type=Path, default=None, help="scratch for packs (default OUT/work)")
+    p.add_argument("--only", choices=PARTS, action="append", help="run only this part (repeatable)")
+    p.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True,
+                   help="include WebDataset, LitData, MosaicML Streaming (unavailable ones are reported)")
+    p.add_argument("--cold", action=argparse.BooleanOptionalAction, default=True, help="cold-cache read runs")
+    p.add_argument("--fresh", action="store_true", help="do not merge with results already in --out")
+    for key in ("jpegs", "pngs", "repeats", "warmup", "bytes_samples", "decoded_samples", "crop_samples", "read_mb"):
+        p.add_argument("--" + key.replace("_", "-"), type=int, default=None, help="override the scale's value")
+    p.add_argument("--decode-seconds", type=float, default=None, help="time per decode-rate measurement")
+    p.add_argument("--workers", default=None, help="num_workers to sweep, comma separated (e.g. 0,1,2,4)")
+    p.add_argument("--batch-size", type=int, default=64)
+    return p
+
+
+def _dataset_dir(data: Path, kind: str, count: int) -> Path:
+    default = SCALES["full"]["jpegs" if kind == "imagenet" else "pngs"]
+    return data / (kind if count == default else f"{kind}-{count}")
+
+
+def ensure_data(data: Path, jpegs: int, pngs: int, log: Any = print) -> dict[str, tuple[Path, str]]:
+    """The two datasets ``{name: (folder, jpeg|png)}``, generated (seeded) when missing."""
+    out = {}
+    for kind, count, make, fmt in (("imagenet", jpegs, make_imagenet_like, "jpeg"),
+                                   ("cifar", pngs, make_cifar_like, "png")):
+        folder = _dataset_dir(data, kind, count)
+        if not folder.is_dir() or not any(folder.iterdir()):
+            log(f"generating {count:,} {kind}-like images into {folder}")
+            make(folder, count=count, seed=0, progress=False)
+        out[kind] = (folder, fmt)
+    return out
+
+
+def _load(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """results.md: machine, versions, commands, then every table."""
+    lines = ["# packload benchmark results", ""]
+    for part in PARTS:
+        if part in results:
+            meta = results[part]["meta"]
+            lines.append(f"- `{part}`: `{meta['command']}` — {meta['date']}, {meta['minutes']:.1f} min")
+    lines.append("")
+    m = results.get("machine", {}).get("describe")
+    if m:
+        fs = m["filesystem"]
+        lines += ["## Machine", "",
+                  f"{m['cpu']}, {m['logical_cores']} logical cores ({m['usable_cores']} usable), "
+                  f"{m['ram_gb']} GB RAM, {m['os']}; data on {fs['device']} ({fs['fstype']}, "
+                  f"{'rotational' if fs['rotational'] else 'non-rotational' if fs['rotational'] is False else '?'}) "
+                  f"mounted at {fs['mount']}.", "",
+                  "Versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v) + ".",
+                  "Peers: " + ", ".join(f"{k} {v or 'not installed'}" for k, v in m["peer_versions"].items())
+                  + ". " + FFCV_NOTE, ""]
+    lim = results.get("machine", {}).get("limits")
+    if lim:
+        lines += ["## Machine limits", "", limits_markdown(lim), ""]
+    if "pack" in results:
+        lines += ["## Pack", "", bench_pack.markdown(results["pack"]["data"]), ""]
+    if "read" in results:
+        data = results["read"]["data"]
+        lines += ["## Read — warm cache", "", bench_read.markdown(data, "warm"), ""]
+        if any("cold" in m for d in data["datasets"].values() for m in d["modes"].values()):
+            lines += ["## Read — cold cache", "", bench_read.markdown(data, "cold"), ""]
+        lines += ["## num_workers sweep", "", bench_read.sweep_markdown(data), ""]
+    lines += ["Ratios: > 1 means the row is faster than the reference; **bold** ≥ 1.05×, ▼ ≤ 0.95×. "
+              "Spreads are [min–max] over the interleaved runs.", ""]
+    return "\n".join(lines)
+
+
+def limits_markdown(lim: dict[str, Any]) -> str:
+    """Per-core and all-core decode ceilings, cold read and memcpy bandwidth."""
+    per = lim["per_core"]
+    rows = [[k, report.num(v), report.num(lim["all_cores"].get(k.replace("jpeg_", "all_cores_jpeg_")
+                                                           .replace("png_", "all_cores_png_")))]
+            for k, v in per.items() if k.startswith(("jpeg_decode", "png_decode"))]
+    cold = lim["cold_read"]
+    ev = cold.get("eviction", {})
+    text = report.table(["images/s on in-memory bytes", "one core", f"× {lim['usable_cores']} usable cores"], rows)
+    sampled = f"{per.get('jpeg_files_sampled', 0)} JPEGs (mean {report.num(per.get('jpeg_mean_kb'), 1)} KB), " \
+              f"{per.get('png_files_sampled', 0)} PNGs sampled from the benchmark data."
+    return (text + "\n\n" + sampled + f"\n\nCold sequential read: **{report.num(cold['mb_per_s'])} MB/s** "
+            f"({cold['bytes'] / 1e6:,.0f} MB; eviction {'verified' if cold.get('cold') else 'NOT verified'}: "
+            f"resident {ev.get('resident_before', 0) or 0:.0%} → {ev.get('resident_after', 0) or 0:.0%}). "
+            f"Memory copy: **{lim['memcpy_gb_per_s']:.1f} GB/s** (one core).")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the chosen parts and write results.md, results.json and charts into --out."""
+    args = _parser().parse_args(argv)
+    scale = dict(SCALES["quick" if args.quick else "full"])
+    for key in scale:
+        value = getattr(args, key, None)
+        if value is not None:
+            scale[key] = value
+    workers = [int(w) for w in str(scale["workers"]).split(",") if w.strip()]
+    parts = args.only or list(PARTS)
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    work: Path = args.work or out / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    args.data.mkdir(parents=True, exist_ok=True)
+    command = " ".join(shlex.quote(a) for a in [Path(sys.executable).as_posix(), "benchmarks/run.py",
+                                                *(sys.argv[1:] if argv is None else argv)])
+
+    def log(msg: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+    datasets = ensure_data(args.data, scale["jpegs"], scale["pngs"], log)
+    results = {} if args.fresh else _load(out / "results.json")
+    results.pop("error", None)
+    for part in PARTS:
+        if part not in parts:
+            continue
+        started = time.perf_counter()
+        log(f"== {part}")
+        if part == "machine":
+            data: dict[str, Any] = {
+                "describe": machine.describe(args.data),
+                "limits": machine.limits(datasets["imagenet"][0], datasets["cifar"][0], args.data,
+                                         seconds=scale["decode_seconds"], read_mb=scale["read_mb"]),
+            }
+        elif part == "pack":
+            data = {"data": bench_pack.run(datasets, work, peers=args.peers, repeats=scale["repeats"],
+                                           warmup=scale["warmup"], log=log)}
+        else:
+            budgets = {"bytes": scale["bytes_samples"], "decoded": scale["decoded_samples"],
+                       "decoded+crop224": scale["crop_samples"]}
+            limits = results.get("machine", {}).get("limits")
+            data = {"data": bench_read.run(datasets, work, peers=args.peers, repeats=scale["repeats"],
+                                           warmup=scale["warmup"], workers=workers, batch_size=args.batch_size,
+                                           budgets=budgets, cold=args.cold, limits=limits, log=log)}
+        data["meta"] = {"command": command, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                        "minutes": (time.perf_counter() - started) / 60, "scale": scale,
+                        "datasets": {k: str(v[0]) for k, v in datasets.items()}}
+        if part == "machine":
+            data["meta"]["describe_date"] = data["describe"]["date"]
+        results[part] = data
+        report.write_json(results, out / "results.json")
+        (out / "results.md").write_text(markdown(results))
+    charts = plots.write_charts(results, out)
+    md = markdown(results)
+    if charts:
+        md += "\n" + "\n".join(f"![{c.stem}]({c.name})" for c in charts) + "\n"
+    (out / "results.md").write_text(md)
+    log(f"wrote {out / 'results.md'} and {out / 'results.json'}" + (f" and {len(charts)} charts" if charts else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
