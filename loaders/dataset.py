@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
 from torch.utils.data import Dataset
 
 from packer.errors import ChecksumError, PackFormatError
 
+from .collate import collate_uint8
 from .decode import decode_array, decode_pil, to_output
 from .read import PackReader
 from .sampler import PackSampler
@@ -90,6 +93,57 @@ class PackedImageFolder(Dataset):
                 raise
             views = [None] * len(indices)  # fall back to one record at a time below
         return [self._sample(reader, reader.normalize_index(i), view) for i, view in zip(indices, views, strict=True)]
+
+    def get_batch(self, indices: Sequence[int], channels_last: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Read, decode and stack a whole batch: ``(B×3×H×W uint8, B int64)`` in one call.
+
+        The fast path for training loops (``loaders.batch_loader`` uses it): no per-sample tensors
+        and nothing per sample pickled between processes. Images must come out one size: a raw pack
+        of one size, or a ``transform`` that crops or resizes to one size. For a raw pack without a
+        transform, pixels are copied straight from the memory map into the batch. With
+        ``channels_last`` the batch is ``B×3×H×W`` in channels-last memory (one copy cheaper).
+        """
+        reader = self.reader()
+        positions = [reader.normalize_index(i) for i in indices]
+        labels = torch.from_numpy(reader.entries["label"][positions].astype(np.int64))
+        if not (self.encoding == "raw" and self.transform is None and not self.exif_transpose):
+            images, _ = collate_uint8(self.__getitems__(positions))
+            return (images.contiguous(memory_format=torch.channels_last) if channels_last else images), labels
+        entries = reader.entries[positions]
+        height, width = int(entries["height"][0]), int(entries["width"][0])
+        if (entries["height"] != height).any() or (entries["width"] != width).any():
+            raise ValueError(f"{self.root}: raw images of different sizes cannot share a batch; "
+                             "pack with --size HxW, or give a transform that crops to one size")
+        shape = (len(positions), height, width, 3) if channels_last else (len(positions), 3, height, width)
+        batch = torch.empty(shape, dtype=torch.uint8)
+        pixels = batch.numpy()
+        try:
+            reader.copy_raw(np.asarray(positions, dtype=np.int64), pixels, self.verify, chw=not channels_last)
+        except ChecksumError:
+            if self.on_error == "raise":
+                raise
+            for k, view in enumerate(self._payloads_or_substitutes(reader, positions)):
+                image = np.frombuffer(view, np.uint8).reshape(height, width, 3)
+                pixels[k] = image if channels_last else image.transpose(2, 0, 1)
+        return (batch.permute(0, 3, 1, 2) if channels_last else batch), labels
+
+    def _payloads_or_substitutes(self, reader: PackReader, positions: list[int]) -> list[memoryview]:
+        """Payload views; with ``on_error="skip"`` a damaged record's place goes to the next intact one."""
+        try:
+            return reader.payloads(positions, verify=self.verify)
+        except ChecksumError:
+            if self.on_error == "raise":
+                raise
+        views = []
+        for index in positions:
+            for attempt in range(len(self)):
+                candidate = (index + attempt) % len(self)
+                try:
+                    views.append(reader.payload(candidate, verify=True))
+                    break
+                except ChecksumError as exc:
+                    warnings.warn(f"skipping damaged {reader.where(candidate)}: {exc}", stacklevel=3)
+        return views
 
     @property
     def encoding(self) -> str:
