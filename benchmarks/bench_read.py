@@ -11,18 +11,22 @@ baseline (ImageFolder-style, one ``open()`` per sample, PIL decode, shuffled), t
 with packload's codec (separates the storage gain from the codec gain), and the peers through
 ``benchmarks/peers.py``, which read in stored order (their adapters do not shuffle) and decode
 with packload's codec. A run's time covers building the dataset and DataLoader, starting the
-workers and every batch: ``samples_per_s`` is what a training epoch would see.
+workers and every batch: ``samples_per_s`` is what a training epoch would see. Every run happens in
+a fresh forked process, so no contender's leftovers (memory maps, caches) carry into the next run.
 """
 
 from __future__ import annotations
 
-import gc
+import functools
 import io
 import json
+import multiprocessing
+import os
 import shutil
 import time
+import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +54,7 @@ PEER_NAMES = ("webdataset", "litdata", "streaming")
 BASELINE = "FolderImages (baseline)"
 CROP = ResizeCenterCrop(224)
 DECODE_SIZE = (224, 224)
+CHILD_TIMEOUT = 900.0  # seconds one read run may take before it counts as failed
 
 
 # ---------------------------------------------------------------- decoders (module level: picklable)
@@ -90,7 +95,7 @@ class Contender:
     unavailable: str | None = None
     note: str = ""
     release: Callable[[Any], None] | None = None
-    info: dict[str, Any] = field(default_factory=dict)
+    bounded: bool = True  # False when the mode's decode ceiling does not apply (a raw pack decodes nothing)
 
 
 def _close_reader(ds: Any) -> None:
@@ -169,13 +174,14 @@ def contenders(p: Prepared, mode: str) -> list[Contender]:
     output = "numpy" if decoded else "bytes"
     rows: list[Contender] = []
 
-    def packload(label: str, path: Path, decode_size: tuple[int, int] | None = None, note: str = "") -> None:
+    def packload(label: str, path: Path, decode_size: tuple[int, int] | None = None, note: str = "",
+                 bounded: bool = True) -> None:
         def build() -> tuple[Dataset, Sampler | None]:
             ds = PackedImageFolder(path, transform=transform, output=output, decode_size=decode_size)
             return ds, ds.sampler(shuffle=True, seed=0)
 
         rows.append(Contender(label, "packload", build, collate, [path], release=_close_reader,
-                              note=note or "ds.sampler(shuffle=True, seed=0)"))
+                              note=note or "ds.sampler(shuffle=True, seed=0)", bounded=bounded))
 
     packload("packload lmdb", p.packs["lmdb"])
     packload("packload shards", p.packs["shards"])
@@ -184,7 +190,8 @@ def contenders(p: Prepared, mode: str) -> list[Contender]:
         packload("packload lmdb, decode_size 224", p.packs["lmdb"], DECODE_SIZE, note)
         packload("packload shards, decode_size 224", p.packs["shards"], DECODE_SIZE, note)
     if mode == "decoded" and "lmdb raw" in p.packs:
-        packload("packload lmdb raw", p.packs["lmdb raw"], note="--encoding raw pack: no decode at read time")
+        packload("packload lmdb raw", p.packs["lmdb raw"], note="--encoding raw pack: no decode at read time",
+                 bounded=False)
 
     def baseline() -> tuple[Dataset, Sampler | None]:
         ds = FolderImages(p.source, transform=transform, output="pil" if decoded else "bytes")
@@ -220,7 +227,10 @@ def contenders(p: Prepared, mode: str) -> list[Contender]:
 
 
 def read_once(c: Contender, workers: int, batch_size: int, budget: int) -> dict[str, Any]:
-    """Build, load ``budget`` samples (rounded down to whole batches) and time it; figures as a dict."""
+    """Build, load ``budget`` samples (rounded down to whole batches) and time it; figures as a dict.
+
+    Runs in the calling process; :func:`read_in_child` is what the benchmark calls.
+    """
     start = time.perf_counter()
     ds, sampler = c.build()
     length = len(ds)  # type: ignore[arg-type]
@@ -232,19 +242,64 @@ def read_once(c: Contender, workers: int, batch_size: int, budget: int) -> dict[
     del loader
     if c.release is not None:
         c.release(ds)
-    del ds, sampler
-    gc.collect()
     samples = timing.samples + min(batch_size, length)
     total = setup_s + timing.first_batch_s + timing.seconds
     return {"samples": samples, "samples_per_s": samples / total, "steady_samples_per_s": timing.samples_per_s,
             "first_batch_s": timing.first_batch_s, "setup_s": setup_s, "seconds": total, "workers": workers}
 
 
+def _child(fn: Callable[[], dict[str, Any]], send: Any) -> None:
+    try:
+        with harness.PeakRSS() as peak:
+            figures = fn()
+        figures.update(peak.figures())
+        send.send(("ok", figures))
+    except BaseException as exc:
+        send.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"))
+    finally:
+        send.close()
+        os._exit(0)  # skip the parent's atexit handlers
+
+
+def in_child(fn: Callable[[], dict[str, Any]], timeout: float = CHILD_TIMEOUT) -> dict[str, Any]:
+    """Run ``fn`` in a forked child and return its figures plus the child tree's peak memory.
+
+    Every run gets a fresh process, so nothing one contender leaves behind (an open memory map,
+    a cache, a thread) can warm or slow the next run; the parent never reads the data itself.
+    """
+    ctx = multiprocessing.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(fn, send))  # not a daemon: DataLoader workers are its children
+    proc.start()
+    send.close()
+    try:
+        if not recv.poll(timeout):
+            raise TimeoutError(f"run did not finish in {timeout:.0f} s")
+        status, payload = recv.recv()
+    except EOFError:
+        status, payload = "error", f"child process died (exit code {proc.join(5) or proc.exitcode})"
+    finally:
+        if proc.is_alive():
+            proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+        recv.close()
+    if status != "ok":
+        raise RuntimeError(payload)
+    return payload
+
+
+def read_in_child(c: Contender, workers: int, batch_size: int, budget: int) -> dict[str, Any]:
+    """:func:`read_once` in a fresh forked process (see :func:`in_child`)."""
+    return in_child(functools.partial(read_once, c, workers, batch_size, budget))
+
+
 def _case(c: Contender, workers: int, batch_size: int, budget: int, name: str | None = None,
           setup: Callable[[], dict[str, Any] | None] | None = None) -> harness.Case:
-    return harness.Case(name or c.name, lambda: read_once(c, workers, batch_size, budget), "samples_per_s",
-                        setup=setup, skip_reason=c.unavailable,
-                        info={"kind": c.kind, "note": c.note, "workers": workers})
+    return harness.Case(name or c.name, functools.partial(read_in_child, c, workers, batch_size, budget),
+                        "samples_per_s", setup=setup, skip_reason=c.unavailable, measure_rss=False,
+                        info={"kind": c.kind, "note": c.note, "workers": workers, "bounded": c.bounded})
 
 
 def _evictor(all_paths: list[Path], own: list[Path]) -> Callable[[], dict[str, Any]]:
@@ -341,7 +396,7 @@ def run(datasets: dict[str, tuple[Path, str]], work: Path, *, peers: bool = True
                     w = best.get(c.name)
                     if c.unavailable is None and w is None:
                         errs = swept[c.name]["errors"]
-                        c = Contender(c.name, c.kind, c.build, c.collate, c.paths, note=c.note,
+                        c = Contender(c.name, c.kind, c.build, c.collate, c.paths, note=c.note, bounded=c.bounded,
                                       unavailable=f"failed at every num_workers: {next(iter(errs.values()), '?')}")
                     setup = _evictor(prepared.all_paths(), c.paths) if is_cold else None
                     cases.append(_case(c, w or 0, batch_size, budget, setup=setup))
@@ -351,7 +406,8 @@ def run(datasets: dict[str, tuple[Path, str]], work: Path, *, peers: bool = True
                 _ratios(results)
                 limit, bound = ceiling(mode, is_cold, limits, mean_bytes)
                 for r in results:
-                    r["of_ceiling"] = r["stats"]["median"] / limit if limit and r.get("stats") else None
+                    bounded = limit and r.get("stats") and r["info"].get("bounded", True)
+                    r["of_ceiling"] = r["stats"]["median"] / limit if bounded else None
                     if is_cold:
                         evictions = [run.get("setup", {}) for run in r["runs"]]
                         r["cold_verified"] = bool(evictions) and all(e.get("evicted") for e in evictions)

@@ -9,6 +9,7 @@ spread, :func:`add_ratios` the ratios against a named baseline.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import statistics
@@ -33,7 +34,7 @@ class Case:
     """One contender in one setting.
 
     ``run`` does the measured work and returns its figures (it times itself; ``primary`` names the
-    figure that ranks the cases). ``setup`` runs before every run, untimed (e.g. cache eviction) and
+    figure that ranks the cases; ``measure_rss=False`` when it reports its own ``peak_*`` figures). ``setup`` runs before every run, untimed (e.g. cache eviction) and
     may return figures that are kept with the run (e.g. the eviction check).
     """
 
@@ -44,6 +45,7 @@ class Case:
     setup: Callable[[], Figures | None] | None = None
     info: dict[str, Any] = field(default_factory=dict)
     skip_reason: str | None = None
+    measure_rss: bool = True  # False when ``run`` measures its own peak (e.g. in a child process)
 
 
 # ---------------------------------------------------------------- statistics
@@ -111,6 +113,7 @@ class PeakRSS:
         self.interval = interval
         self.peak_rss = 0
         self.peak_anon = 0
+        self.start_rss = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -136,6 +139,7 @@ class PeakRSS:
 
     def __enter__(self) -> PeakRSS:
         if psutil is not None:
+            self.start_rss = psutil.Process(os.getpid()).memory_info().rss
             self._thread = threading.Thread(target=self._sample, daemon=True)
             self._thread.start()
         return self
@@ -149,6 +153,8 @@ class PeakRSS:
         """The peaks in MB, and how they were measured."""
         if psutil is not None:
             return {"peak_rss_mb": self.peak_rss / 1e6, "peak_anon_mb": self.peak_anon / 1e6,
+                    "start_rss_mb": self.start_rss / 1e6,
+                    "peak_growth_mb": max(0, self.peak_rss - self.start_rss) / 1e6,
                     "rss_method": "psutil: sampled sum over process tree"}
         scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss is bytes on macOS, KiB on Linux
         own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
@@ -166,11 +172,13 @@ def _one(case: Case, phase: str, log: Callable[[str], None] | None) -> Figures:
     try:
         if case.setup is not None:
             figures["setup"] = case.setup() or {}
-        with PeakRSS() as peak:
+        figures["loadavg_1m"] = os.getloadavg()[0]  # other load on the machine when the run started
+        with PeakRSS() if case.measure_rss else contextlib.nullcontext() as peak:
             started = time.perf_counter()
             figures.update(case.run())
             figures["wall_s"] = time.perf_counter() - started
-        figures.update(peak.figures())
+        if peak is not None:
+            figures.update(peak.figures())
     except Exception as exc:  # a failing contender is reported, never dropped
         figures["error"] = f"{type(exc).__name__}: {exc}"
         figures["traceback"] = traceback.format_exc(limit=6)

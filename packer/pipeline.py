@@ -15,7 +15,7 @@ import shutil
 import time
 from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -86,14 +86,22 @@ def _tasks(samples: list[Sample], start: int) -> Iterator[list[Sample]]:
         yield samples[i : i + CHUNK_FILES]
 
 
+def io_bound(options: EncodeOptions) -> bool:
+    """True when encoding is reading and checking only (``keep`` with the fast check): threads then
+    beat processes, since the work releases the GIL and nothing has to be pickled back."""
+    return options.encoding == "keep" and options.check == "fast"
+
+
 def _encoded_stream(root: Path, samples: list[Sample], start: int, options: EncodeOptions,
                     workers: int) -> Iterator[Encoded | Skipped]:
-    """Encode ``samples[start:]`` in order, on ``workers`` processes, with bounded memory."""
+    """Encode ``samples[start:]`` in order, on ``workers`` threads (reading and checking only) or
+    processes (decoding and re-encoding), with bounded memory."""
     if workers <= 1:
         for chunk in _tasks(samples, start):
             yield from encode_chunk(str(root), chunk, options)
         return
-    with ProcessPoolExecutor(max_workers=workers) as pool:
+    executor = ThreadPoolExecutor if io_bound(options) else ProcessPoolExecutor
+    with executor(max_workers=workers) as pool:
         in_flight: deque[Future[list[Encoded | Skipped]]] = deque()
         tasks = _tasks(samples, start)
         for chunk in tasks:

@@ -55,7 +55,8 @@ def _walk_files(top: Path, root: Path, ignored: list[dict[str, str]]) -> list[st
         ignored.append({"path": printable(_rel(Path(exc.filename or top), root)),
                         "reason": f"unreadable folder: {exc.strerror}"})
 
-    for dirpath, dirnames, filenames in os.walk(top, followlinks=True, onerror=onerror):
+    prefix = len(str(root)) + 1  # os.walk's paths start with the root: cut it off without pathlib
+    for dirpath, dirnames, filenames in os.walk(str(top), followlinks=True, onerror=onerror):
         try:
             st = os.stat(dirpath)
         except OSError:
@@ -75,8 +76,9 @@ def _walk_files(top: Path, root: Path, ignored: list[dict[str, str]]) -> list[st
                                 "reason": "name is not valid UTF-8; rename the folder"})
         dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and is_utf8(d))
         images = []
+        here = dirpath[prefix:].replace(os.sep, "/")
         for name in sorted(filenames):
-            rel = _rel(Path(dirpath) / name, root)
+            rel = f"{here}/{name}" if here else name
             if name.startswith("."):
                 ignored.append({"path": rel, "reason": "hidden file"})
             elif not is_utf8(rel):

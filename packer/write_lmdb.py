@@ -108,8 +108,7 @@ class LmdbWriter:
         extra: dict[bytes, bytes | None] = {PROGRESS_KEY: json.dumps(progress).encode("utf-8")}
         if self._chunk:
             extra[lmdb_chunk_key(self.chunks)] = bytes(self._chunk)
-        self._commit(extra)
-        self.env.sync(True)
+        self._commit(extra)  # in the page cache: survives the process being killed; finish syncs
 
     def finish(self, manifest: dict[str, Any]) -> dict[str, Any]:
         """Store the last chunk, the index and then the manifest; return the manifest."""

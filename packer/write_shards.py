@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from .append_file import HashingAppender
 from .encode import Encoded
 from .errors import PackFormatError
 from .format import (
@@ -35,7 +36,6 @@ from .format import (
 from .index_builder import IndexBuilder
 
 PROGRESS_NAME = "progress.json"  # only in an unfinished pack: what --resume needs
-WRITE_BUFFER = 8 << 20
 
 
 def write_file_atomic(path: Path, data: bytes) -> None:
@@ -71,28 +71,24 @@ class ShardsWriter:
         self.shard_size = shard_size
         self.index = IndexBuilder()
         self.parts: list[dict[str, Any]] = []  # finished shards: name, size, sha256, records
-        self._file: Any = None
-        self._hash = hashlib.sha256()
+        self._file: HashingAppender | None = None
         self._offset = 0
         self._part_records = 0
 
     # -- writing ---------------------------------------------------------------------------
     def _open_part(self, part: int) -> None:
-        self._file = open(self.folder / shard_name(part), "wb", buffering=WRITE_BUFFER)
+        self._file = HashingAppender(self.folder / shard_name(part))
         header = _shard_header(part)
         self._file.write(header)
-        self._hash = hashlib.sha256(header)
         self._offset = len(header)
         self._part_records = 0
 
     def _close_part(self) -> None:
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
+        digest = self._file.close()
         self._file = None
         part = len(self.parts)
-        self.parts.append({"name": shard_name(part), "size": self._offset,
-                           "sha256": self._hash.hexdigest(), "records": self._part_records})
+        self.parts.append({"name": shard_name(part), "size": self._offset, "sha256": digest,
+                           "records": self._part_records})
 
     def write(self, item: Encoded) -> None:
         """Append one record, starting a new shard when this one would pass ``shard_size``."""
@@ -107,23 +103,24 @@ class ShardsWriter:
             self._open_part(len(self.parts))
         self._file.write(head)
         self._file.write(item.payload)
-        self._hash.update(head)
-        self._hash.update(item.payload)
         self.index.add(meta, len(self.parts), self._offset, len(item.payload), crc)
         self._offset += size
         self._part_records += 1
 
     def checkpoint(self, progress: dict[str, Any]) -> None:
-        """Make the records written so far durable and note ``progress`` for ``--resume``."""
+        """Hand the records written so far to the operating system (they survive the process being
+        killed) and note ``progress`` for ``--resume``; ``finish`` makes everything durable."""
         if self._file is not None:
             self._file.flush()
-            os.fsync(self._file.fileno())
         write_file_atomic(self.folder / PROGRESS_NAME, json.dumps(progress).encode("utf-8"))
 
     def finish(self, manifest: dict[str, Any]) -> dict[str, Any]:
         """Close the last shard, write the index, then the manifest; return the manifest."""
         if self._file is not None:
             self._close_part()
+        for part in self.parts:  # durable before the manifest makes the pack look complete
+            with open(self.folder / part["name"], "rb") as f:
+                os.fsync(f.fileno())
         index = self.index.to_bytes()
         write_file_atomic(self.folder / INDEX_NAME, index)
         manifest = dict(manifest, parts=self.parts,
@@ -136,10 +133,7 @@ class ShardsWriter:
     def close(self) -> None:
         """Release the open shard (after an error); what was written stays for ``--resume``."""
         if self._file is not None:
-            try:
-                self._file.close()
-            except OSError:
-                pass  # the disk may be full: the error that got us here is the one to report
+            self._file.abandon()  # the disk may be full: the error that got us here is the one to report
             self._file = None
 
     # -- resuming --------------------------------------------------------------------------
@@ -185,8 +179,7 @@ class ShardsWriter:
                 stale.unlink()
         if writer.parts:  # go on appending to the last shard
             last = writer.parts.pop()
-            writer._file = open(folder / last["name"], "ab", buffering=WRITE_BUFFER)
-            writer._hash = last_digest
+            writer._file = HashingAppender(folder / last["name"], "ab", last_digest)
             writer._offset = last["size"]
             writer._part_records = last["records"]
         return writer, kept, progress

@@ -1,0 +1,99 @@
+"""Append to a file from a background thread, hashing as it goes: the caller's thread takes the
+SHA-256 and collects references to the bytes, and a writing thread hands them to the kernel (one
+``writev`` per block) at the same time; both release the GIL and nothing is copied. Memory stays
+bounded: at most ``depth`` blocks wait in the queue."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import queue
+import threading
+from pathlib import Path
+from typing import Any
+
+BLOCK = 4 << 20
+MAX_PIECES = 512  # below IOV_MAX (1024) on Linux
+_STOP = object()
+
+
+class HashingAppender:
+    """Appends bytes to ``path`` (``mode`` "wb" or "ab") and keeps a SHA-256 of what it wrote."""
+
+    def __init__(self, path: Path, mode: str = "wb", digest: Any = None, depth: int = 4) -> None:
+        self.path = path
+        self.digest = digest if digest is not None else hashlib.sha256()
+        self._file = open(path, mode, buffering=0)
+        self._pieces: list[bytes | memoryview] = []
+        self._pending = 0
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=f"append {path.name}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            block = self._queue.get()
+            try:
+                if block is _STOP:
+                    return
+                if self._error is None:
+                    self._write_all(block)
+            except BaseException as exc:  # noqa: BLE001 - handed to the main thread, raised there
+                self._error = exc
+            finally:
+                self._queue.task_done()
+
+    def _write_all(self, pieces: list[bytes | memoryview]) -> None:
+        fd = self._file.fileno()
+        views = [memoryview(piece) for piece in pieces]
+        while views:
+            written = os.writev(fd, views)
+            while views and written >= len(views[0]):  # drop what was written; retry the rest
+                written -= len(views[0])
+                views.pop(0)
+            if views and written:
+                views[0] = views[0][written:]
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def write(self, data: bytes) -> None:
+        """Append ``data`` (kept by reference: do not change it afterwards). The hash is taken here,
+        so that it runs beside the writing thread (hashlib releases the GIL)."""
+        self.digest.update(data)
+        self._pieces.append(data)
+        self._pending += len(data)
+        if self._pending >= BLOCK or len(self._pieces) >= MAX_PIECES:
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        self._raise_error()
+        self._queue.put(self._pieces)
+        self._pieces = []
+        self._pending = 0
+
+    def flush(self) -> None:
+        """Wait until everything appended so far has reached the operating system."""
+        if self._pieces:
+            self._hand_over()
+        self._queue.join()
+        self._raise_error()
+
+    def close(self) -> str:
+        """Flush, stop the thread, close the file; return the SHA-256 (hex) of the whole file."""
+        try:
+            self.flush()
+        finally:
+            self._queue.put(_STOP)
+            self._thread.join()
+            self._file.close()
+        return self.digest.hexdigest()
+
+    def abandon(self) -> None:
+        """Stop without raising (after another error): what reached the file stays for --resume."""
+        try:
+            self.close()
+        except OSError:
+            pass
