@@ -44,6 +44,11 @@ from loaders.measure import time_loader
 from loaders.transforms import ResizeCenterCrop
 from packer import EncodeOptions, pack
 
+try:  # packload's whole-batch fast path (newer packload versions)
+    from loaders import batch_loader as _batch_loader
+except ImportError:  # pragma: no cover - depends on the packload version
+    _batch_loader = None
+
 try:  # the codec packload itself uses for JPEG with output="numpy"
     import simplejpeg
 except ImportError:  # pragma: no cover - depends on the environment
@@ -96,12 +101,19 @@ class Contender:
     note: str = ""
     release: Callable[[Any], None] | None = None
     bounded: bool = True  # False when the mode's decode ceiling does not apply (a raw pack decodes nothing)
+    loader: Callable[[Dataset, Sampler | None, int, int], DataLoader] | None = None  # else a plain DataLoader
 
 
 def _close_reader(ds: Any) -> None:
     """Close the main process's pack reader, so no mapping keeps pages from being evicted."""
     if getattr(ds, "_reader", None) is not None:
         ds.reader().close()
+
+
+def _whole_batches(ds: Any, sampler: Sampler | None, batch_size: int, workers: int) -> DataLoader:
+    """packload's whole-batch loader (``loaders.batch_loader``) with the same sampler and workers."""
+    assert _batch_loader is not None
+    return _batch_loader(ds, batch_size, sampler=sampler, num_workers=workers, persistent_workers=False)
 
 
 def _seeded(ds: Dataset) -> Sampler:
@@ -175,13 +187,14 @@ def contenders(p: Prepared, mode: str) -> list[Contender]:
     rows: list[Contender] = []
 
     def packload(label: str, path: Path, decode_size: tuple[int, int] | None = None, note: str = "",
-                 bounded: bool = True) -> None:
+                 bounded: bool = True, whole_batches: bool = False) -> None:
         def build() -> tuple[Dataset, Sampler | None]:
             ds = PackedImageFolder(path, transform=transform, output=output, decode_size=decode_size)
             return ds, ds.sampler(shuffle=True, seed=0)
 
         rows.append(Contender(label, "packload", build, collate, [path], release=_close_reader,
-                              note=note or "ds.sampler(shuffle=True, seed=0)", bounded=bounded))
+                              note=note or "ds.sampler(shuffle=True, seed=0)", bounded=bounded,
+                              loader=_whole_batches if whole_batches else None))
 
     packload("packload lmdb", p.packs["lmdb"])
     packload("packload shards", p.packs["shards"])
@@ -192,6 +205,12 @@ def contenders(p: Prepared, mode: str) -> list[Contender]:
     if mode == "decoded" and "lmdb raw" in p.packs:
         packload("packload lmdb raw", p.packs["lmdb raw"], note="--encoding raw pack: no decode at read time",
                  bounded=False)
+    if decoded and _batch_loader is not None:
+        packload("packload lmdb, batch_loader", p.packs["lmdb"], whole_batches=True,
+                 note="loaders.batch_loader: whole batches built in the workers")
+        if "lmdb raw" in p.packs:
+            packload("packload lmdb raw, batch_loader", p.packs["lmdb raw"], bounded=False, whole_batches=True,
+                     note="raw pack + batch_loader: pixels copied straight from the map")
 
     def baseline() -> tuple[Dataset, Sampler | None]:
         ds = FolderImages(p.source, transform=transform, output="pil" if decoded else "bytes")
@@ -235,8 +254,11 @@ def read_once(c: Contender, workers: int, batch_size: int, budget: int) -> dict[
     ds, sampler = c.build()
     length = len(ds)  # type: ignore[arg-type]
     batches = max(2, min(budget, length) // batch_size)
-    loader = DataLoader(ds, batch_size=batch_size, sampler=sampler, num_workers=workers,
-                        collate_fn=c.collate, persistent_workers=False)
+    if c.loader is not None:
+        loader = c.loader(ds, sampler, batch_size, workers)
+    else:
+        loader = DataLoader(ds, batch_size=batch_size, sampler=sampler, num_workers=workers,
+                            collate_fn=c.collate, persistent_workers=False)
     setup_s = time.perf_counter() - start
     timing = time_loader(loader, max_batches=batches - 1, warmup_batches=1)
     del loader

@@ -15,6 +15,7 @@ import os
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -108,6 +109,20 @@ def _filesystem(path: Path) -> dict[str, Any]:
     usage = shutil.disk_usage(path if path.exists() else path.parent)
     return {"path": real, "mount": mount, "device": dev, "fstype": fstype, "rotational": rotational,
             "free_gb": round(usage.free / 1e9, 1), "total_gb": round(usage.total / 1e9, 1)}
+
+
+def code_state(repo: Path) -> dict[str, Any]:
+    """The packload commit measured and any uncommitted library changes (read-only git calls)."""
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", "packer", "loaders")
+    return {"commit": git("rev-parse", "--short", "HEAD"), "subject": git("log", "-1", "--format=%s"),
+            "uncommitted_library_files": [line[3:] for line in (changed or "").splitlines()]}
 
 
 def describe(data_path: str | os.PathLike[str]) -> dict[str, Any]:

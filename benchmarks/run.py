@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import os
 import shlex
 import sys
 import time
@@ -29,7 +30,7 @@ from packer.synthetic import make_cifar_like, make_imagenet_like  # noqa: E402
 PARTS = ("machine", "pack", "read")
 SCALES: dict[str, dict[str, Any]] = {
     "full": {"jpegs": 20000, "pngs": 50000, "repeats": 3, "warmup": 1, "workers": "0,1,2,4",
-             "bytes_samples": 20000, "decoded_samples": 20000, "crop_samples": 3000,
+             "bytes_samples": 20000, "decoded_samples": 20000, "crop_samples": 2560,
              "decode_seconds": 1.5, "read_mb": 1024},
     "quick": {"jpegs": 2000, "pngs": 10000, "repeats": 2, "warmup": 1, "workers": "0,2",
               "bytes_samples": 10000, "decoded_samples": 5000, "crop_samples": 500,
@@ -88,7 +89,11 @@ def markdown(results: dict[str, Any]) -> str:
     for part in PARTS:
         if part in results:
             meta = results[part]["meta"]
-            lines.append(f"- `{part}`: `{meta['command']}` — {meta['date']}, {meta['minutes']:.1f} min")
+            code = meta.get("packload", {})
+            dirty = f", {len(code['uncommitted_library_files'])} uncommitted library files" \
+                if code.get("uncommitted_library_files") else ""
+            lines.append(f"- `{part}`: `{meta['command']}` — {meta['date']}, {meta['minutes']:.1f} min, "
+                         f"packload at {code.get('commit') or '?'}{dirty}")
     lines.append("")
     m = results.get("machine", {}).get("describe")
     if m:
@@ -181,7 +186,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                            budgets=budgets, cold=args.cold, limits=limits, log=log)}
         data["meta"] = {"command": command, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                         "minutes": (time.perf_counter() - started) / 60, "scale": scale,
-                        "datasets": {k: str(v[0]) for k, v in datasets.items()}}
+                        "datasets": {k: str(v[0]) for k, v in datasets.items()},
+                        "packload": machine.code_state(ROOT), "loadavg_end": os.getloadavg()}
         if part == "machine":
             data["meta"]["describe_date"] = data["describe"]["date"]
         results[part] = data

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from PIL import Image
 from torch.utils.data import Dataset
 
 from packer.errors import ChecksumError, PackFormatError
@@ -68,7 +69,7 @@ class PackedImageFolder(Dataset):
         self.fast_jpeg = fast_jpeg
         reader = PackReader(self.root)
         try:
-            self.manifest: dict[str, Any] = reader.manifest
+            self._encoding: str = reader.encoding
             self.classes: list[str] = reader.classes
             self.targets: list[int] = reader.labels().tolist()
         finally:
@@ -148,7 +149,12 @@ class PackedImageFolder(Dataset):
     @property
     def encoding(self) -> str:
         """How the pack stores images: keep, jpeg, png or raw."""
-        return self.manifest["encoding"]
+        return self._encoding
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        """The pack's manifest (read from the pack, not carried to worker processes)."""
+        return self.reader().manifest
 
     @property
     def samples(self) -> list[tuple[str, int]]:
@@ -181,6 +187,9 @@ class PackedImageFolder(Dataset):
                 if view is None or attempt:
                     view = reader.payload(candidate, verify=self.verify)
                 image = self._decode(reader, candidate, view)
+            except Image.DecompressionBombError as exc:
+                raise PackFormatError(f"{reader.where(candidate)}: {exc}; if the image is genuine, raise "
+                                      "PIL.Image.MAX_IMAGE_PIXELS on purpose before reading") from None
             except (ChecksumError, PackFormatError, OSError, ValueError, SyntaxError) as exc:
                 if self.on_error == "raise":
                     if isinstance(exc, PackFormatError):

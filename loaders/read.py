@@ -138,9 +138,12 @@ class PackReader:
     def _open_shards(self) -> None:
         manifest_path = self.path / MANIFEST_NAME
         if not manifest_path.is_file():
-            if any(self.path.glob("shard-*.bin")) or self.path.name.endswith(".partial"):
+            if (self.path / "progress.json").exists() or self.path.name.endswith(".partial"):
                 raise IncompletePackError(f"{self.path}: no {MANIFEST_NAME}: this pack did not finish; "
                                           "finish it with `pack SRC DEST --resume`")
+            if any(self.path.glob("shard-*.bin")):
+                raise IncompletePackError(f"{self.path}: {MANIFEST_NAME} is missing, so the pack cannot be "
+                                          "trusted; copy it again in full, or pack the images again")
             raise UsageError(f"{self.path}: not a pack (no {MANIFEST_NAME}); give a folder that `pack` wrote")
         self.manifest = decode_manifest(manifest_path.read_bytes(), str(manifest_path))
         if self.manifest["backend"] != "shards":
