@@ -1,10 +1,15 @@
 """Measure how fast a DataLoader delivers batches: the one timing routine that the demo, the
-benchmarks and the tuner share."""
+benchmarks and the tuner share, and what the machine offers a loader (usable cores, memory, the
+memory of a loader's workers)."""
 
 from __future__ import annotations
 
+import datetime as _dt
+import os
+import platform
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -48,3 +53,132 @@ def time_loader(loader: DataLoader, max_batches: int | None = None, warmup_batch
         if max_batches is not None and n + 1 >= max_batches + warmup_batches:
             break
     return LoaderTiming(counted, time.perf_counter() - steady_start, first_batch_s)
+
+
+# -- the machine: usable cores, memory, loader workers (for the tuner and ``doctor``) --------------
+
+
+def usable_cores() -> int:
+    """CPUs this process may use: its affinity, reduced by a cgroup CPU quota (v2 or v1) when set."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cores = os.cpu_count() or 1
+    quota = _cgroup_cpu_quota()
+    if quota is not None:
+        cores = min(cores, max(1, int(quota)))
+    return max(1, cores)
+
+
+def _cgroup_cpu_quota() -> float | None:
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota_us = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
+        period_us = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
+        return quota_us / period_us if quota_us > 0 else None
+    except (OSError, ValueError):
+        return None
+
+
+def _meminfo() -> dict[str, int]:
+    values: dict[str, int] = {}
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            name, _, rest = line.partition(":")
+            values[name] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return values
+
+
+def _cgroup_memory() -> tuple[int | None, int | None]:
+    """(limit, usage) of this process's cgroup in bytes, or None where there is no limit."""
+    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            text = Path(limit_file).read_text().strip()
+            if text == "max" or int(text) >= 1 << 60:
+                return None, None
+            return int(text), int(Path(usage_file).read_text().strip())
+        except (OSError, ValueError):
+            continue
+    return None, None
+
+
+def memory_status() -> dict[str, int]:
+    """``total`` and ``available`` bytes for this process: RAM, or its cgroup limit when lower."""
+    info = _meminfo()
+    total = info.get("MemTotal") or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    available = info.get("MemAvailable", total)
+    limit, usage = _cgroup_memory()
+    if limit is not None and usage is not None:
+        total, available = min(total, limit), min(available, max(0, limit - usage))
+    return {"total": int(total), "available": int(available)}
+
+
+def process_memory(pids: list[int]) -> dict[str, int]:
+    """Summed ``rss`` and ``pss`` bytes of ``pids`` (PSS splits pages shared after ``fork`` among
+    the processes sharing them, so it is what each worker really adds). Gone processes are skipped."""
+    rss = pss = 0
+    for pid in pids:
+        fields = {}
+        try:
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                name, _, rest = line.partition(":")
+                if name in ("Rss", "Pss"):
+                    fields[name] = int(rest.split()[0]) * 1024
+        except (OSError, ValueError, IndexError):
+            fields = _psutil_memory(pid)
+        rss += fields.get("Rss", 0)
+        pss += fields.get("Pss", fields.get("Rss", 0))
+    return {"rss": rss, "pss": pss}
+
+
+def _psutil_memory(pid: int) -> dict[str, int]:
+    try:
+        import psutil
+    except ImportError:
+        return {}
+    try:
+        info = psutil.Process(pid).memory_full_info()
+        return {"Rss": int(info.rss), "Pss": int(getattr(info, "pss", info.rss))}
+    except (psutil.Error, OSError):
+        return {}
+
+
+def loader_worker_pids(iterator: Any) -> list[int]:
+    """Process ids of a DataLoader iterator's workers (none for ``num_workers=0``)."""
+    workers = getattr(iterator, "_workers", None) or []
+    return [w.pid for w in workers if getattr(w, "pid", None)]
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), or what ``platform`` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info() -> dict[str, Any]:
+    """What a measurement was taken on: CPU, cores, memory, torch, CUDA device (or None), date."""
+    cuda = torch.cuda.is_available()
+    return {
+        "cpu": cpu_model(),
+        "logical_cores": os.cpu_count(),
+        "usable_cores": usable_cores(),
+        "memory_gb": round(memory_status()["total"] / 1e9, 1),
+        "torch": torch.__version__,
+        "cuda_device": torch.cuda.get_device_name(0) if cuda else None,
+        "python": platform.python_version(),
+        "os": f"{platform.system()} {platform.release()}",
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }

@@ -12,6 +12,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import queue
+import threading
 import zlib
 from pathlib import Path
 from typing import Any
@@ -48,40 +50,43 @@ def remove_lock_file(path: Path) -> None:
     Path(str(path) + "-lock").unlink(missing_ok=True)
 
 
-class LmdbWriter:
-    """Appends records to chunks and chunks to an LMDB file, growing the map when it fills."""
+class _CommitThread:
+    """Runs every write transaction of the environment on one thread of its own (LMDB wants a write
+    transaction used only by the thread that began it), so that LMDB's page copies and disk writes
+    run beside the main thread. Sealed chunks queue up and are committed about every
+    ``COMMIT_BYTES``; ``commit`` returns once everything handed over before it is committed."""
 
-    def __init__(self, path: Path, map_size: int, chunk_size: int = CHUNK_SIZE) -> None:
+    def __init__(self, env: lmdb.Environment, path: Path) -> None:
+        self.env = env
         self.path = path
-        self.chunk_size = chunk_size
-        self.env = open_env(path, map_size)
-        self.index = IndexBuilder()
-        self.chunks = 0  # chunks handed to _pending or committed
-        self._chunk = bytearray()
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=8)
         self._pending: list[tuple[bytes, bytes]] = []
         self._pending_bytes = 0
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=f"lmdb {path.name}", daemon=True)
+        self._thread.start()
 
-    def write(self, item: Encoded) -> None:
-        """Append one record to the current chunk, sealing the chunk when it is full."""
-        meta = RecordMeta(self.index.count, item.label, item.width, item.height, item.format,
-                          item.mode, item.orientation, item.path)
-        head, crc = encode_record(meta, item.payload, item.crc32)
-        if self._chunk and len(self._chunk) + len(head) + len(item.payload) > self.chunk_size:
-            self._seal_chunk()
-        self.index.add(meta, self.chunks, len(self._chunk), len(item.payload), crc)
-        self._chunk += head
-        self._chunk += item.payload
-
-    def _seal_chunk(self) -> None:
-        self._pending.append((lmdb_chunk_key(self.chunks), bytes(self._chunk)))
-        self._pending_bytes += len(self._chunk)
-        self.chunks += 1
-        self._chunk.clear()
-        if self._pending_bytes >= COMMIT_BYTES:
-            self._commit({})
+    def _run(self) -> None:
+        while True:
+            kind, payload, done = self._queue.get()
+            try:
+                if self._error is None and kind == "chunk":
+                    self._pending.append(payload)
+                    self._pending_bytes += len(payload[1])
+                    if self._pending_bytes >= COMMIT_BYTES:
+                        self._commit({})
+                elif self._error is None and kind == "commit":
+                    self._commit(payload)
+            except BaseException as exc:  # noqa: BLE001 - handed to the main thread, raised there
+                self._error = exc
+            finally:
+                if done is not None:
+                    done.set()
+            if kind == "stop":
+                return
 
     def _commit(self, extra: dict[bytes, bytes | None]) -> None:
-        """Write the sealed chunks and ``extra`` keys (None deletes) in one transaction."""
+        """Write the queued chunks and ``extra`` keys (None deletes) in one transaction."""
         while True:
             try:
                 with self.env.begin(write=True) as txn:
@@ -100,32 +105,97 @@ class LmdbWriter:
         self._pending.clear()
         self._pending_bytes = 0
 
-    def checkpoint(self, progress: dict[str, Any]) -> None:
-        """Make the records written so far durable and note ``progress`` for ``--resume``.
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise self._error
 
+    def add(self, key: bytes, value: bytes) -> None:
+        self._raise_error()
+        self._queue.put(("chunk", (key, value), None))
+
+    def commit(self, extra: dict[bytes, bytes | None]) -> None:
+        done = threading.Event()
+        self._queue.put(("commit", extra, done))
+        done.wait()
+        self._raise_error()
+
+    def stop(self) -> None:
+        done = threading.Event()
+        self._queue.put(("stop", None, done))
+        done.wait()
+        self._thread.join()
+
+
+class LmdbWriter:
+    """Appends records to chunks and chunks to an LMDB file, growing the map when it fills."""
+
+    def __init__(self, path: Path, map_size: int, chunk_size: int = CHUNK_SIZE) -> None:
+        self.path = path
+        self.chunk_size = chunk_size
+        self.env = open_env(path, map_size)
+        self.index = IndexBuilder()
+        self.chunks = 0  # the number of the chunk being filled
+        self._pieces: list[bytes] = []  # the chunk being filled: headers and payloads, by reference
+        self._chunk_len = 0
+        self._committer: _CommitThread | None = None
+
+    def _commits(self) -> _CommitThread:
+        if self._committer is None:
+            self._committer = _CommitThread(self.env, self.path)
+        return self._committer
+
+    def write(self, item: Encoded) -> None:
+        """Append one record to the current chunk, sealing the chunk when it is full."""
+        meta = RecordMeta(self.index.count, item.label, item.width, item.height, item.format,
+                          item.mode, item.orientation, item.path)
+        head, crc = encode_record(meta, item.payload, item.crc32)
+        if self._chunk_len and self._chunk_len + len(head) + len(item.payload) > self.chunk_size:
+            self._seal_chunk()
+        self.index.add(meta, self.chunks, self._chunk_len, len(item.payload), crc)
+        self._pieces += (head, item.payload)
+        self._chunk_len += len(head) + len(item.payload)
+
+    def _chunk_bytes(self) -> bytes:
+        return b"".join(self._pieces)
+
+    def _seal_chunk(self) -> None:
+        self._commits().add(lmdb_chunk_key(self.chunks), self._chunk_bytes())
+        self.chunks += 1
+        self._pieces = []
+        self._chunk_len = 0
+
+    def checkpoint(self, progress: dict[str, Any]) -> None:
+        """Commit the records written so far and note ``progress`` for ``--resume``.
+
+        The commit reaches the page cache (it survives the process being killed; ``finish`` syncs).
         The open chunk is stored as it is but stays open: it is stored again, fuller, when sealed,
         so the chunk layout does not depend on when checkpoints happened."""
         extra: dict[bytes, bytes | None] = {PROGRESS_KEY: json.dumps(progress).encode("utf-8")}
-        if self._chunk:
-            extra[lmdb_chunk_key(self.chunks)] = bytes(self._chunk)
-        self._commit(extra)  # in the page cache: survives the process being killed; finish syncs
+        if self._pieces:
+            extra[lmdb_chunk_key(self.chunks)] = self._chunk_bytes()
+        self._commits().commit(extra)
 
     def finish(self, manifest: dict[str, Any]) -> dict[str, Any]:
         """Store the last chunk, the index and then the manifest; return the manifest."""
-        if self._chunk:
+        if self._pieces:
             self._seal_chunk()
         index = self.index.to_bytes()
         manifest = dict(manifest, parts={"chunks": self.chunks, "chunk_size": self.chunk_size},
                         index={"name": LMDB_INDEX_KEY.decode(), "size": len(index),
                                "sha256": hashlib.sha256(index).hexdigest()})
         # One transaction: the pack is either unfinished (progress, no manifest) or complete.
-        self._commit({LMDB_INDEX_KEY: index, PROGRESS_KEY: None, LMDB_MANIFEST_KEY: encode_manifest(manifest)})
+        self._commits().commit({LMDB_INDEX_KEY: index, PROGRESS_KEY: None,
+                                LMDB_MANIFEST_KEY: encode_manifest(manifest)})
         self.env.sync(True)
         self.close()
         return manifest
 
     def close(self) -> None:
-        """Close the environment and remove its lock file; what was committed stays for --resume."""
+        """Stop the commit thread, close the environment and remove its lock file; what was
+        committed stays for --resume."""
+        if self._committer is not None:
+            self._committer.stop()
+            self._committer = None
         if self.env is not None:
             self.env.close()
             self.env = None
@@ -155,11 +225,12 @@ class LmdbWriter:
                     continue
                 writer.chunks += 1
         if stale:
-            writer._commit(dict.fromkeys(stale))
+            writer._commits().commit(dict.fromkeys(stale))
         if writer.chunks:  # reopen the last chunk and go on filling it
             writer.chunks -= 1
             with writer.env.begin() as txn:
-                writer._chunk = bytearray(txn.get(lmdb_chunk_key(writer.chunks)))
+                last = bytes(txn.get(lmdb_chunk_key(writer.chunks)))
+            writer._pieces, writer._chunk_len = [last], len(last)
         return writer, kept, progress
 
 
