@@ -158,6 +158,11 @@ def run(datasets: dict[str, tuple[Path, str]], work: Path, *, peers: bool = True
     return out
 
 
+def _memory_header(results: list[dict[str, Any]]) -> str:
+    pss = any(r.get("medians", {}).get("peak_pss_mb") is not None for r in results)
+    return "peak PSS MB" if pss else "peak RSS MB (sum)"
+
+
 def markdown(result: dict[str, Any]) -> str:
     """The pack tables: one per dataset, absolute figures and the ratio to tar."""
     parts = []
@@ -171,14 +176,16 @@ def markdown(result: dict[str, Any]) -> str:
                 report.num(m.get("seconds"), 1),
                 report.num(m["out_bytes"] / 1e6, 1) if "out_bytes" in m else "—",
                 report.num(m.get("out_vs_source"), 2), report.times(r.get("vs_tar")),
-                report.num(m.get("peak_rss_mb")), report.num(m.get("peak_growth_mb")),
+                report.num(m.get("peak_pss_mb", m.get("peak_rss_mb"))), report.num(m.get("peak_growth_mb")),
                 report.status(r) or r["info"].get("note", ""),
             ])
         parts.append(f"**{name}**: {d['files']:,} files, {d['source_bytes'] / 1e6:,.1f} MB ({d['source']})\n\n"
                      + report.table(["contender", "files/s median [min–max]", "MB/s", "s", "output MB",
-                                     "output/source", "× tar", "peak RSS MB", "added MB", "notes"], rows))
+                                     "output/source", "× tar", _memory_header(d["results"]), "added MB", "notes"],
+                                    rows))
     head = (f"Packing, {s['repeats']} interleaved runs after {s['warmup']} warm-up; source "
             f"{'cold' if s['cold_source'] else 'warm'} in the page cache; times include a final `os.sync()`. "
-            f"Target: packload keep ≥ {TAR_TARGET}× tar. Peak RSS: this process and its children "
-            f"(the benchmark driver included); added: the peak minus the driver's RSS before the run.")
+            f"Target: packload keep ≥ {TAR_TARGET}× tar. Peak memory: summed over this process and "
+            f"its children (PSS: shared pages split; RSS counts a page once per process that maps it), the "
+            f"benchmark driver included; added: the peak minus the driver's own before the run.")
     return head + "\n\n" + "\n\n".join(parts)

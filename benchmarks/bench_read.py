@@ -462,12 +462,12 @@ def markdown(result: dict[str, Any], cache_state: str) -> str:
                     report.num(med.get("steady_samples_per_s")), report.num(med.get("first_batch_s"), 2),
                     report.times(r.get("vs_baseline")), report.times(r.get("vs_best_peer")),
                     f"{r['of_ceiling']:.0%}" if r.get("of_ceiling") else "—",
-                    report.num(med.get("peak_rss_mb")), report.num(med.get("peak_anon_mb")),
+                    report.num(med.get("peak_pss_mb", med.get("peak_rss_mb"))), report.num(med.get("peak_pss_anon_mb")),
                     *([cold_cell] if cache_state == "cold" else []),
                     report.status(r) or r["info"].get("note", ""),
                 ])
             headers = ["contender", "workers", "samples/s median [min–max]", "steady samples/s", "first batch s",
-                       "× baseline", "× best peer", "of ceiling", "peak RSS MB", "peak anon MB",
+                       "× baseline", "× best peer", "of ceiling", _memory_header(block["results"]), "of which anon MB",
                        *(["evicted"] if cache_state == "cold" else []), "notes"]
             bound = f"; ceiling = {report.num(block['ceiling'])} samples/s ({block['ceiling_bound']})" \
                 if block.get("ceiling") else ""
@@ -478,8 +478,15 @@ def markdown(result: dict[str, Any], cache_state: str) -> str:
     head = (f"Reading, samples/s end to end (dataset + DataLoader construction, worker start, every batch), "
             f"{s['repeats']} interleaved runs per contender at its best num_workers of {s['workers_sweep']} "
             f"(swept with a warm cache)" + ("; every file of every format evicted before each cold run" if
-                                            cache_state == "cold" else "") + ".")
+                                            cache_state == "cold" else "") + ". Each run in a fresh process; "
+            "peak memory is summed over that process and its DataLoader workers (PSS: shared pages split; "
+            "anon: without file-backed pages such as a mapped pack's page cache).")
     return head + "\n\n" + "\n\n".join(parts)
+
+
+def _memory_header(results: list[dict[str, Any]]) -> str:
+    pss = any(r.get("medians", {}).get("peak_pss_mb") is not None for r in results)
+    return "peak PSS MB" if pss else "peak RSS MB (sum)"
 
 
 def sweep_markdown(result: dict[str, Any]) -> str:

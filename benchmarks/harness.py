@@ -100,46 +100,76 @@ def add_ratios(results: list[Figures], baseline: str, key: str = "ratio", metric
 # ---------------------------------------------------------------- peak RSS
 
 
-class PeakRSS:
-    """Peak resident memory of this process plus all its children while the block runs.
+def _mb(value: int | None) -> float | None:
+    return None if value is None else value / 1e6
 
-    With psutil: the RSS of the whole process tree is sampled every ``interval`` seconds and summed
-    (``peak_rss_mb``), also without file-backed pages (``peak_anon_mb``: RSS minus shared, so a pack
-    mapped by N workers is not counted N times). Without psutil: ``resource.getrusage``, i.e. this
-    process's lifetime peak and the largest reaped child's peak (not a sum; said in ``rss_method``).
+
+def _smaps_pss(pid: int) -> tuple[int, int] | None:
+    """(Pss, Pss_Anon) in bytes from ``/proc/PID/smaps_rollup`` (Linux), or None where unavailable."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            fields = dict(line.split(":", 1) for line in f if line[:4] == "Pss:" or line.startswith("Pss_Anon:"))
+    except (OSError, ValueError):
+        return None
+    if "Pss" not in fields:
+        return None
+    kb = {k: int(v.split()[0]) * 1024 for k, v in fields.items()}
+    return kb["Pss"], kb.get("Pss_Anon", kb["Pss"])
+
+
+class PeakRSS:
+    """Peak memory of this process plus all its children while the block runs.
+
+    With psutil the process tree is sampled every ``interval`` seconds and summed: ``peak_rss_mb``
+    (plain RSS: pages shared between a parent and its forked workers, or a pack mapped by every
+    worker, are counted once per process), and where Linux gives it, ``peak_pss_mb`` (proportional:
+    shared pages split between the processes that map them, so the sum is the real footprint) and
+    ``peak_pss_anon_mb`` (PSS without file-backed pages: heap and buffers, not the page cache of a
+    mapped pack). ``peak_growth_mb``: peak PSS (else RSS) minus this process's own at the start.
+    Without psutil: ``resource.getrusage``, i.e. this process's lifetime peak plus the largest
+    reaped child's peak (said in ``rss_method``).
     """
 
     def __init__(self, interval: float = 0.05) -> None:
         self.interval = interval
         self.peak_rss = 0
-        self.peak_anon = 0
-        self.start_rss = 0
+        self.peak_pss: int | None = None
+        self.peak_pss_anon: int | None = None
+        self.start = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def _sample(self) -> None:
         me = psutil.Process(os.getpid())
         while True:
-            rss = anon = 0
+            rss = pss = anon = 0
+            pss_ok = True
             try:
                 procs = [me, *me.children(recursive=True)]
             except psutil.Error:
                 procs = [me]
             for p in procs:
                 try:
-                    mem = p.memory_info()
+                    rss += p.memory_info().rss
                 except psutil.Error:
                     continue
-                rss += mem.rss
-                anon += max(0, mem.rss - getattr(mem, "shared", 0))
+                both = _smaps_pss(p.pid)
+                if both is None:
+                    pss_ok = pss_ok and not p.is_running()
+                    continue
+                pss += both[0]
+                anon += both[1]
             self.peak_rss = max(self.peak_rss, rss)
-            self.peak_anon = max(self.peak_anon, anon)
+            if pss_ok:
+                self.peak_pss = max(self.peak_pss or 0, pss)
+                self.peak_pss_anon = max(self.peak_pss_anon or 0, anon)
             if self._stop.wait(self.interval):
                 return
 
     def __enter__(self) -> PeakRSS:
         if psutil is not None:
-            self.start_rss = psutil.Process(os.getpid()).memory_info().rss
+            own = _smaps_pss(os.getpid())
+            self.start = own[0] if own else psutil.Process(os.getpid()).memory_info().rss
             self._thread = threading.Thread(target=self._sample, daemon=True)
             self._thread.start()
         return self
@@ -152,14 +182,16 @@ class PeakRSS:
     def figures(self) -> Figures:
         """The peaks in MB, and how they were measured."""
         if psutil is not None:
-            return {"peak_rss_mb": self.peak_rss / 1e6, "peak_anon_mb": self.peak_anon / 1e6,
-                    "start_rss_mb": self.start_rss / 1e6,
-                    "peak_growth_mb": max(0, self.peak_rss - self.start_rss) / 1e6,
-                    "rss_method": "psutil: sampled sum over process tree"}
+            peak = self.peak_pss if self.peak_pss is not None else self.peak_rss
+            return {"peak_rss_mb": _mb(self.peak_rss), "peak_pss_mb": _mb(self.peak_pss),
+                    "peak_pss_anon_mb": _mb(self.peak_pss_anon), "start_mb": _mb(self.start),
+                    "peak_growth_mb": max(0, peak - self.start) / 1e6,
+                    "rss_method": "psutil + smaps_rollup: sampled sum over the process tree"
+                    if self.peak_pss is not None else "psutil: sampled RSS sum over the process tree"}
         scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss is bytes on macOS, KiB on Linux
         own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
         child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * scale
-        return {"peak_rss_mb": (own + child) / 1e6, "peak_anon_mb": None,
+        return {"peak_rss_mb": (own + child) / 1e6, "peak_pss_mb": None, "peak_pss_anon_mb": None,
                 "rss_method": "getrusage: lifetime peak of main + largest child (no psutil)"}
 
 

@@ -50,6 +50,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="include WebDataset, LitData, MosaicML Streaming (unavailable ones are reported)")
     p.add_argument("--cold", action=argparse.BooleanOptionalAction, default=True, help="cold-cache read runs")
     p.add_argument("--fresh", action="store_true", help="do not merge with results already in --out")
+    p.add_argument("--render-only", action="store_true", help="rewrite results.md and charts from results.json")
     for key in ("jpegs", "pngs", "repeats", "warmup", "bytes_samples", "decoded_samples", "crop_samples", "read_mb"):
         p.add_argument("--" + key.replace("_", "-"), type=int, default=None, help="override the scale's value")
     p.add_argument("--decode-seconds", type=float, default=None, help="time per decode-rate measurement")
@@ -160,9 +161,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
-    datasets = ensure_data(args.data, scale["jpegs"], scale["pngs"], log)
     results = {} if args.fresh else _load(out / "results.json")
-    results.pop("error", None)
+    if args.render_only:
+        parts = []
+    else:
+        datasets = ensure_data(args.data, scale["jpegs"], scale["pngs"], log)
     for part in PARTS:
         if part not in parts:
             continue

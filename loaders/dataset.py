@@ -175,10 +175,16 @@ class PackedImageFolder(Dataset):
 
     # -- reading ---------------------------------------------------------------------------
     def reader(self) -> PackReader:
-        """This process's reader, opened on first use (and again after a fork)."""
-        if self._reader is None or self._reader.pid != os.getpid():
+        """This process's reader, opened on first use (and again after a fork or ``close``)."""
+        if self._reader is None or self._reader.closed or self._reader.pid != os.getpid():
             self._reader = PackReader(self.root)
         return self._reader
+
+    def close(self) -> None:
+        """Let go of the pack's files in this process (the next read opens them again)."""
+        if self._reader is not None and self._reader.pid == os.getpid():
+            self._reader.close()
+        self._reader = None
 
     def _sample(self, reader: PackReader, index: int, view: memoryview | None) -> tuple[Any, Any]:
         for attempt in range(len(self)):

@@ -70,6 +70,10 @@ class SystemPaths:
         return f"{self.proc}/cpuinfo"
 
     @property
+    def loadavg(self) -> str:
+        return f"{self.proc}/loadavg"
+
+    @property
     def mounts(self) -> str:
         return f"{self.proc}/mounts"
 
@@ -247,6 +251,26 @@ def cpu_checks(logical: int, physical: int | None, affinity: int, quota: float |
                             "rent more CPU cores per GPU, decode at reduced size (decode_size), install "
                             "packload[fast], or pack once at training resolution (--encoding raw --size)"))
     return checks
+
+
+def read_loadavg(path: str | os.PathLike[str] = "/proc/loadavg") -> list[float] | None:
+    """The 1, 5 and 15 minute load averages, None when unreadable."""
+    fields = (_read_text(path) or "").split()
+    try:
+        return [float(x) for x in fields[:3]] if len(fields) >= 3 else None
+    except ValueError:
+        return None
+
+
+def load_check(load: list[float] | None, usable: float) -> Check | None:
+    """Other busy processes make every timing here slower and noisier: say so."""
+    if load is None:
+        return None
+    if load[0] >= 1.0 and load[0] > 0.5 * usable:
+        return check("load", "warn", f"load average {load[0]:.1f} on {usable:g} usable CPUs: other processes are "
+                     "busy, so the loader timings below are pessimistic and noisy",
+                     "run the doctor when the machine is otherwise idle")
+    return check("load", "ok", f"load average {load[0]:.1f} on {usable:g} usable CPUs")
 
 
 # -- /dev/shm ------------------------------------------------------------------------------------
@@ -572,16 +596,18 @@ def gpu_checks(facts: TorchFacts) -> list[Check]:
 
 def _no_gpu_check(facts: TorchFacts, build: str) -> Check:
     driver = facts["driver_version"]
-    if driver and not facts["cuda_build"] and not facts["hip_build"]:
+    if not driver:
+        return check("gpu", "info", f"{build}, no GPU here (no NVIDIA driver found): the training step is "
+                     "emulated (a wait of the step time) and GPU-specific checks are skipped",
+                     None if not facts["cuda_build"] else
+                     "if this machine has a GPU: in a container, start it with --gpus all")
+    if not facts["cuda_build"] and not facts["hip_build"]:
         return check("gpu", "warn", f"{build}, but an NVIDIA driver ({driver}) is installed: this PyTorch "
                      "cannot use the GPU", f"install a CUDA build: pip install --force-reinstall torch "
                      f"--index-url https://download.pytorch.org/whl/{DEFAULT_WHEEL}")
-    if facts["cuda_build"] or facts["hip_build"]:
-        return check("gpu", "warn", f"{build}, but no GPU is available (driver {driver or 'not found'})",
-                     "check nvidia-smi; in a container start it with --gpus all; make sure CUDA_VISIBLE_DEVICES "
-                     "is not empty; the driver must be new enough for this CUDA runtime")
-    return check("gpu", "info", f"{build}, no GPU here: the training step is emulated (it sleeps for the "
-                 "step time) and GPU-specific checks are skipped")
+    return check("gpu", "warn", f"{build} and NVIDIA driver {driver}, but no GPU is available to PyTorch",
+                 "check nvidia-smi; make sure CUDA_VISIBLE_DEVICES is not empty; in a container start it with "
+                 "--gpus all; the driver must be new enough for this CUDA runtime")
 
 
 def _kernel_checks(facts: TorchFacts) -> list[Check]:
@@ -663,10 +689,11 @@ def collect_machine(dataset_path: str | None = None, dataset_bytes: int | None =
     device = tf["devices"][0] if tf["devices"] else None
     capability = tuple(int(x) for x in device["capability"].split(".")) if device else None
     usable = usable_cpus(affinity, quota)
+    load = read_loadavg(paths.loadavg)
     facts = {
         "torch": tf,
         "cpu": {"logical": logical, "physical": physical, "affinity": affinity, "cgroup_quota": quota,
-                "usable": usable, "workers_range": list(workers_range(usable))},
+                "usable": usable, "workers_range": list(workers_range(usable)), "load_average": load},
         "memory": {"total_bytes": meminfo.get("MemTotal"), "available_bytes": meminfo.get("MemAvailable"),
                    "cgroup_limit_bytes": mem_limit, "cgroup_version": cgroup_version(paths.cgroup)},
         "shm": {"path": paths.shm, "total_bytes": shm[0] if shm else None, "free_bytes": shm[1] if shm else None},
@@ -674,6 +701,7 @@ def collect_machine(dataset_path: str | None = None, dataset_bytes: int | None =
         "settings": settings,
     }
     checks = gpu_checks(tf) + cpu_checks(logical, physical, affinity, quota)
+    checks += [c for c in [load_check(load, usable)] if c is not None]
     checks += memory_checks(meminfo, mem_limit, dataset_bytes) + [shm_check(shm)]
     checks += storage_checks(storage) if storage else []
     checks += settings_checks(settings, (capability[0], capability[1]) if capability else None)

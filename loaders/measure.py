@@ -30,9 +30,10 @@ class LoaderTiming:
 
 
 def batch_size_of(batch: Any) -> int:
-    """Samples in a batch as DataLoader collates it (tensor pair, list of pairs, ...)."""
-    if isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], torch.Tensor):
-        return len(batch[0])
+    """Samples in a batch as DataLoader collates it: ``(images, labels)`` and ``(data, offsets,
+    labels)`` tensors count their labels; a list of samples counts its items."""
+    if isinstance(batch, (list, tuple)) and batch and isinstance(batch[-1], torch.Tensor):
+        return len(batch[-1])
     return len(batch)
 
 
@@ -113,6 +114,14 @@ def _cgroup_memory() -> tuple[int | None, int | None]:
 def memory_status() -> dict[str, int]:
     """``total`` and ``available`` bytes for this process: RAM, or its cgroup limit when lower."""
     info = _meminfo()
+    if "MemAvailable" not in info:  # not Linux: psutil if installed, else assume nothing is used
+        try:
+            import psutil
+
+            memory = psutil.virtual_memory()
+            info = {"MemTotal": memory.total, "MemAvailable": memory.available}
+        except ImportError:
+            pass
     total = info.get("MemTotal") or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     available = info.get("MemAvailable", total)
     limit, usage = _cgroup_memory()
@@ -149,6 +158,19 @@ def _psutil_memory(pid: int) -> dict[str, int]:
         return {"Rss": int(info.rss), "Pss": int(getattr(info, "pss", info.rss))}
     except (psutil.Error, OSError):
         return {}
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User plus system CPU seconds used so far by ``pids`` (all their threads; gone ones count 0)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / ticks
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
 
 
 def loader_worker_pids(iterator: Any) -> list[int]:

@@ -121,6 +121,7 @@ class PackReader:
         self._env: lmdb.Environment | None = None
         self._txn: Any = None
         self._chunk_cache: tuple[int, memoryview] | None = None
+        self.closed = False
         try:
             if self.backend == "shards":
                 self._open_shards()
@@ -335,6 +336,7 @@ class PackReader:
 
     def close(self) -> None:
         """Release the maps and the LMDB environment."""
+        self.closed = True
         self._chunk_cache = None
         if self._txn is not None:
             self._txn.abort()

@@ -188,7 +188,33 @@ def run_demo(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-COMMANDS: tuple[Callable[[Any], None], ...] = (_add_pack, _add_info, _add_verify, _add_unpack, _add_demo)
+# -- doctor ----------------------------------------------------------------------------------
+def _add_doctor(sub: Any) -> None:
+    p = sub.add_parser("doctor", help="is slow training really the GPU's fault? check the machine and a dataset",
+                       description="Check this machine (GPU, CPUs, memory, /dev/shm, storage) and, given an "
+                                   "image folder or a pack, measure where the input pipeline stalls.")
+    p.add_argument("path", nargs="?", help="an image folder or a pack (.lmdb file or shards folder) to analyse")
+    p.add_argument("--batch-size", type=int, default=64, help="samples per batch (default 64)")
+    p.add_argument("--step-ms", type=float, default=100.0, help="GPU time of one training step in ms (default 100)")
+    p.add_argument("--model", choices=("small-cnn",), help="run a real small CNN step instead of --step-ms (CUDA)")
+    p.add_argument("--workers", type=int, help="DataLoader workers (default: the usable CPUs)")
+    p.add_argument("--max-batches", type=int, default=20, help="timed batches per loader pass (default 20)")
+    p.add_argument("--repeats", type=int, default=2, help="passes per loader figure, the best counts (default 2)")
+    p.add_argument("--crop", type=int, default=224, help="resize + centre-crop size of the loader (default 224)")
+    p.add_argument("--no-measure", action="store_true", help="machine and dataset checks only, no timing")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--json", action="store_true", help="print the report as JSON (loaders.doctor.REPORT_SCHEMA)")
+    p.set_defaults(run=run_doctor)
+
+
+def run_doctor(args: argparse.Namespace) -> int:
+    from loaders.doctor import run
+
+    return run(args)  # a diagnosis: exit 0 whatever it finds
+
+
+COMMANDS: tuple[Callable[[Any], None], ...] = (_add_pack, _add_info, _add_verify, _add_unpack, _add_doctor,
+                                               _add_demo)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -235,5 +261,5 @@ def pack_main(argv: Sequence[str] | None = None) -> int:
 def module_main(argv: Sequence[str] | None = None) -> int:
     """``python -m packer``: ``packload`` when the first word is a subcommand, else ``pack``."""
     words = list(sys.argv[1:] if argv is None else argv)
-    names = {"pack", "info", "verify", "unpack", "demo", "-h", "--help", "--version"}
+    names = {"pack", "info", "verify", "unpack", "doctor", "tune", "demo", "-h", "--help", "--version"}
     return main(words) if words and words[0] in names else pack_main(words)

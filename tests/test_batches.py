@@ -113,3 +113,14 @@ def test_damaged_raw_record(raw_pack, tmp_path):
         images, _ = lenient.get_batch([1, 2, 3])
     clean = PackedImageFolder(raw_pack)
     assert np.array_equal(images.numpy(), clean.get_batch([1, 3, 3])[0].numpy())
+
+
+def test_close_lets_go_and_reading_reopens(raw_pack):
+    ds = PackedImageFolder(raw_pack, output="numpy")
+    first = ds[0][0].copy()
+    reader = ds.reader()
+    ds.close()
+    assert reader.closed
+    assert np.array_equal(ds[0][0], first)  # reopened on demand
+    ds.reader().close()  # closed behind the dataset's back: still reopens
+    assert np.array_equal(ds[0][0], first)

@@ -107,3 +107,15 @@ def test_collate_pin_memory_falls_back_without_cuda() -> None:
         assert not images.is_pinned() and not targets.is_pinned()
     else:  # pragma: no cover - only on a CUDA machine
         assert images.is_pinned() and targets.is_pinned()
+
+
+def test_collate_encoded_round_trips_every_payload():
+    from loaders.collate import collate_encoded
+
+    batch = [(b"\xff\xd8abc", 1), (b"", 0), (bytes(range(256)) * 3, 7)]
+    data, offsets, labels = collate_encoded(batch)
+    assert data.dtype == torch.uint8 and offsets.tolist() == [0, 5, 5, 5 + 768]
+    assert [bytes(data[offsets[i]:offsets[i + 1]].numpy()) for i in range(3)] == [p for p, _ in batch]
+    assert labels.tolist() == [1, 0, 7]
+    with pytest.raises(ValueError, match="empty"):
+        collate_encoded([])

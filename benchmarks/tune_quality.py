@@ -1,0 +1,148 @@
+"""Does ``tune`` pick well, and cheaply? The tuner against an exhaustive grid on known workloads.
+
+Each workload's samples cost a fixed wait (``time.sleep``: no CPU, so the rate scales with workers
+even on a small machine, like reading from a slow or networked disk), some with rare long stalls;
+the GPU step is emulated (or real, on CUDA) with a fast or a slow step. For each workload the
+tuner runs with its budget, then every configuration of the same knobs (num_workers 0..N,
+prefetch_factor 2/4/8) is measured with the same trial routine and longer trials. Reported: the
+rate of the tuner's pick measured in the grid as a share of the grid's best, and the tuner's time
+as a share of the grid's. Targets: at least 95% of the best at most 25% of the time.
+
+    python benchmarks/tune_quality.py            # ~6 minutes on 2 cores
+    python benchmarks/tune_quality.py --quick    # ~3 minutes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from loaders.gpu_step import DummyStep  # noqa: E402
+from loaders.tune import DEFAULT_TOLERANCE, tune  # noqa: E402
+from loaders.tune_search import PREFETCH_DEEPER, PREFETCH_DEFAULT, MemoryGuard, TrialRunner, select  # noqa: E402
+
+
+class WaitingSamples(Dataset):
+    """``ms`` of waiting per sample, plus a ``stall_ms`` wait for one sample in ``stall_every``
+    (chosen by a hash of the index, so the same samples stall in every run)."""
+
+    def __init__(self, ms: float, stall_ms: float = 0.0, stall_every: int = 0, size: int = 100_000) -> None:
+        self.ms, self.stall_ms, self.stall_every, self.size = ms, stall_ms, stall_every, size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        wait = self.ms
+        if self.stall_every and zlib.crc32(index.to_bytes(8, "little")) % self.stall_every == 0:
+            wait += self.stall_ms
+        time.sleep(wait / 1000)
+        return torch.zeros(16), index % 10
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    sample_ms: float
+    step_ms: float
+    batch_size: int = 32
+    max_workers: int = 8
+    stall_ms: float = 0.0
+    stall_every: int = 0
+
+    def dataset(self) -> WaitingSamples:
+        return WaitingSamples(self.sample_ms, self.stall_ms, self.stall_every)
+
+
+WORKLOADS = (
+    Workload("very slow samples, fast step", sample_ms=4.0, step_ms=10),
+    Workload("slow samples, fast step", sample_ms=2.0, step_ms=10),
+    Workload("slow samples, slow step", sample_ms=2.0, step_ms=40),
+    Workload("fast samples, fast step", sample_ms=0.1, step_ms=10),
+    Workload("stalling samples, fast step", sample_ms=1.0, step_ms=10, stall_ms=30, stall_every=50),
+)
+
+
+def grid(work: Workload, trial_s: float) -> dict[str, Any]:
+    """Every configuration measured with the tuner's own trial routine: rates and total time."""
+    step = DummyStep(step_ms=work.step_ms)
+    rate = step.step_rate(work.batch_size)
+    runner = TrialRunner(work.dataset(), work.batch_size, None, None, step, rate, MemoryGuard(), lambda _: None)
+    configs = [(0, None)] + [(w, pf) for w in range(1, work.max_workers + 1)
+                             for pf in (PREFETCH_DEFAULT, *PREFETCH_DEEPER)]
+    start = time.perf_counter()
+    trials = [runner.run(w, pf, False, trial_s, float("inf"), "grid") for w, pf in configs]
+    seconds = time.perf_counter() - start
+    cheapest, best = select(trials, DEFAULT_TOLERANCE)
+    return {"seconds": seconds, "trials": trials, "best": best, "cheapest": cheapest,
+            "rates": {t.key: t.samples_per_s for t in trials}}
+
+
+def compare(work: Workload, budget_s: float, trial_s: float) -> dict[str, Any]:
+    start = time.perf_counter()
+    result = tune(work.dataset(), work.batch_size, step_ms=work.step_ms, budget_s=budget_s,
+                  max_workers=work.max_workers, progress=False)
+    tuner_s = time.perf_counter() - start
+    full = grid(work, trial_s)
+    pick_rate = full["rates"][result.winner.key]
+    return {"workload": work.name, "step_samples_per_s": result.step_samples_per_s,
+            "pick": result.settings, "pick_rate_in_grid": pick_rate, "tuner_rate": result.winner.samples_per_s,
+            "grid_best": full["best"].settings(), "grid_best_rate": full["best"].samples_per_s,
+            "grid_cheapest": full["cheapest"].settings(), "share_of_best": pick_rate / full["best"].samples_per_s,
+            "tuner_s": tuner_s, "tuner_trials": len(result.trials), "grid_s": full["seconds"],
+            "grid_trials": len(full["trials"]), "share_of_time": tuner_s / full["seconds"],
+            "verdict": result.verdict, "stopped": result.stopped}
+
+
+def _config(settings: dict[str, Any]) -> str:
+    return f"w={settings['num_workers']}, pf={settings['prefetch_factor'] or '-'}"
+
+
+def markdown(rows: list[dict[str, Any]]) -> list[str]:
+    lines = ["| workload | GPU step alone | grid best | grid's cheapest within 4% | tuner pick | pick's rate "
+             "in the grid | % of best | tuner time (trials) | grid time (trials) | % of time | verdict |",
+             "|---|---:|---|---|---|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        lines.append(f"| {r['workload']} | {r['step_samples_per_s']:,.0f}/s | {_config(r['grid_best'])}: "
+                     f"{r['grid_best_rate']:,.0f}/s | {_config(r['grid_cheapest'])} | {_config(r['pick'])} | "
+                     f"{r['pick_rate_in_grid']:,.0f}/s | {r['share_of_best']:.1%} | {r['tuner_s']:.1f} s "
+                     f"({r['tuner_trials']}) | {r['grid_s']:.1f} s ({r['grid_trials']}) | {r['share_of_time']:.1%} | "
+                     f"{r['verdict']} |")
+    worst_rate = min(r["share_of_best"] for r in rows)
+    total_share = sum(r["tuner_s"] for r in rows) / sum(r["grid_s"] for r in rows)
+    met = worst_rate >= 0.95 and max(r["share_of_time"] for r in rows) <= 0.25
+    lines.append("")
+    lines.append(f"Worst pick: {worst_rate:.1%} of the grid's best; tuner time {total_share:.1%} of the grid's in "
+                 f"all. Targets (>= 95% of the best, <= 25% of the time): {'met' if met else 'NOT met'}.")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="shorter grid trials and tuner budgets")
+    parser.add_argument("--json", help="also write the rows to this JSON file")
+    args = parser.parse_args(argv)
+    budget_s, trial_s = (8.0, 1.0) if args.quick else (15.0, 2.0)
+    rows = []
+    for work in WORKLOADS:
+        print(f"{work.name} ...", file=sys.stderr, flush=True)
+        rows.append(compare(work, budget_s, trial_s))
+    print("\n".join(markdown(rows)))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,61 @@
+"""The tuner's picture: samples/s against num_workers, one line per prefetch_factor (and pin_memory),
+with the GPU step's own rate as a horizontal line, so "where does the loader catch the GPU" is
+visible at a glance. matplotlib is imported here only, and only when a plot is asked for."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from packer.errors import PackloadError
+
+from .tune_search import aggregate
+
+if TYPE_CHECKING:
+    from .tune import TuneResult
+
+
+class PlotUnavailableError(PackloadError, RuntimeError):
+    """matplotlib is not installed."""
+
+
+def plot_result(result: TuneResult, path: str | os.PathLike[str]) -> Path:
+    """Write the plot of ``result`` to ``path`` (PNG, or any format matplotlib knows by suffix)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg", force=False)
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise PlotUnavailableError("the plot needs matplotlib: pip install matplotlib (the rest of tune works "
+                           "without it)") from None
+    merged = aggregate(result.trials)
+    series: dict[tuple[int | None, bool], list[tuple[int, float]]] = {}
+    for (workers, prefetch, pin), trial in merged.items():
+        series.setdefault((prefetch, pin), []).append((workers, trial.samples_per_s))
+    no_workers = [(w, r) for (pf, _), points in series.items() if pf is None for w, r in points]
+    figure, axes = plt.subplots(figsize=(7, 4.2), dpi=120)
+    for (prefetch, pin), points in sorted(series.items(), key=lambda item: (item[0][0] or 0, item[0][1])):
+        if prefetch is None:
+            continue
+        points = sorted(points + [p for p in no_workers if p not in points])
+        label = f"prefetch_factor={prefetch}" + (", pinned" if pin else "")
+        axes.plot([w for w, _ in points], [r for _, r in points], marker="o", label=label)
+    if not any(pf is not None for pf, _ in series):
+        axes.plot([w for w, _ in no_workers], [r for _, r in no_workers], marker="o", label="num_workers=0")
+    axes.axhline(result.step_samples_per_s, color="grey", linestyle="--",
+                 label=f"GPU step alone ({result.step_samples_per_s:,.0f}/s)")
+    axes.plot([result.winner.num_workers], [result.winner.samples_per_s], marker="*", markersize=16,
+              color="crimson", linestyle="none", label="pick")
+    axes.set_xlabel("num_workers")
+    axes.set_ylabel("samples/s (loader + GPU step)")
+    axes.set_title(f"packload tune: batch {result.batch_size}, {result.verdict}")
+    axes.set_ylim(bottom=0)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8, loc="lower right")
+    figure.tight_layout()
+    target = Path(path)
+    figure.savefig(target)
+    plt.close(figure)
+    return target

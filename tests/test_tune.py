@@ -1,0 +1,284 @@
+"""The tuner (loaders/tune.py) on workloads whose best settings are known by construction.
+
+Each sample of ``Sleepy`` waits a fixed number of milliseconds with ``time.sleep``, which uses no
+CPU, so throughput grows with the number of workers even on a 2-core machine, and the emulated
+GPU step (no CUDA here) waits too. Timings are never asserted exactly: verdicts, orderings with
+wide margins, and budgets.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import Dataset, IterableDataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from loaders import tune_search  # noqa: E402
+from loaders.gpu_step import DummyStep  # noqa: E402
+from loaders.tune import (  # noqa: E402
+    LoaderConfigError,
+    TuneError,
+    format_report,
+    load_loader_config,
+    tune,
+    tune_path,
+)
+from loaders.tune_search import aggregate, cost  # noqa: E402
+from packer import pack  # noqa: E402
+from tests.image_factory import make_image_folder  # noqa: E402
+
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without CUDA")
+
+
+class Sleepy(Dataset):
+    """Each sample costs ``ms`` milliseconds of waiting and is a small tensor with a label."""
+
+    def __init__(self, ms: float, size: int = 4096) -> None:
+        self.ms, self.size = ms, size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        time.sleep(self.ms / 1000)
+        return torch.full((8,), float(index)), index % 10
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        yield from range(3)
+
+
+@pytest.fixture(scope="module")
+def input_bound():
+    """4 ms per sample, batches of 16: one worker gives ~250 samples/s, four ~1000; the 8 ms step
+    could take 2000. So the GPU waits whatever the settings, and 4 workers (the bound) are best."""
+    return tune(Sleepy(4), 16, step_ms=8, budget_s=8, max_workers=4, progress=False)
+
+
+@pytest.fixture(scope="module")
+def compute_bound():
+    """0.2 ms per sample (3 ms a batch) against a 50 ms step: even the main process alone keeps up."""
+    return tune(Sleepy(0.2), 16, step_ms=50, budget_s=6, max_workers=4, progress=False)
+
+
+def test_input_bound_verdict_and_the_cheapest_pick(input_bound):
+    r = input_bound
+    assert r.verdict == "input-bound"
+    assert "input-bound" in r.message and "GPU waits" in r.message
+    assert r.winner.num_workers >= 3  # 3 workers give ~75% of 4: outside any few-percent tolerance
+    assert r.winner.gpu_wait > 0.3
+    merged = aggregate(r.trials)
+    assert merged[(4, 2, False)].samples_per_s > 2 * merged[(1, 2, False)].samples_per_s
+    band = (1 - r.tolerance) * r.fastest.samples_per_s
+    assert r.winner.samples_per_s >= band
+    cheaper = [t for t in merged.values() if cost(t.key) < cost(r.winner.key)]
+    assert all(t.samples_per_s < band for t in cheaper)
+    assert sum(t.key == r.winner.key for t in r.trials) >= 2, "the pick is measured again"
+    assert r.settings == {"num_workers": r.winner.num_workers, "prefetch_factor": r.winner.prefetch_factor,
+                          "pin_memory": False, "persistent_workers": True}
+    assert r.epoch_s == pytest.approx(4096 / r.winner.samples_per_s)
+    assert r.elapsed_s <= 8 + 2
+
+
+def test_compute_bound_verdict_and_a_cheap_pick(compute_bound):
+    r = compute_bound
+    assert r.verdict == "compute-bound"
+    assert r.winner.num_workers <= 1
+    assert r.winner.gpu_wait < 0.1
+    assert r.stopped == "saturated"
+    assert "compute-bound" in r.message
+    assert r.step_samples_per_s == pytest.approx(16 / 0.050)
+
+
+def test_the_search_respects_its_budget():
+    start = time.perf_counter()
+    r = tune(Sleepy(3), 32, step_ms=5, budget_s=3, max_workers=8, progress=False)
+    assert time.perf_counter() - start <= 3 + 1.5
+    assert r.stopped == "budget"
+    assert r.trials and all(t.num_workers <= 8 for t in r.trials)
+
+
+def test_workers_that_would_not_fit_in_memory_are_not_started(monkeypatch):
+    monkeypatch.setattr(tune_search, "GUESS_WORKER_BYTES", 1 << 50)  # each worker "needs" a petabyte
+    r = tune(Sleepy(1), 8, step_ms=2, budget_s=4, max_workers=4, progress=False)
+    assert {t.num_workers for t in r.trials} == {0}
+    assert r.stopped == "memory" and r.max_workers == 0
+    assert "safety margin" in r.skipped[0]
+    assert "would not fit in memory" in r.message
+
+
+def test_a_trial_stops_when_free_memory_runs_low(monkeypatch):
+    monkeypatch.setattr(tune_search.MemoryGuard, "low", lambda self: True)
+    r = tune(Sleepy(1), 8, step_ms=2, budget_s=4, max_workers=4, progress=False)
+    assert r.trials[0].note.startswith("stopped: free memory")
+    assert all(t.num_workers == 0 for t in r.trials) and r.stopped == "memory"
+
+
+@NO_CUDA
+def test_pin_memory_is_reported_not_measured_without_cuda(input_bound):
+    r = input_bound
+    assert r.not_measured == {"pin_memory": "not measured (no CUDA)"}
+    assert not any(t.pin_memory for t in r.trials)
+    assert r.step["calibration"]["emulated"] is True
+    assert "no CUDA" in r.message
+    assert any("not measured (no CUDA)" in line for line in format_report(r))
+
+
+def test_report_and_json(input_bound):
+    lines = format_report(input_bound)
+    assert len(lines) >= len(input_bound.trials) + 5
+    assert any(line.strip().startswith("verdict: ") for line in lines)
+    data = json.loads(input_bound.to_json())
+    assert data["verdict"] == "input-bound" and len(data["trials"]) == len(input_bound.trials)
+    assert data["loader"]["batch_size"] == 16 and "machine" in data
+
+
+def test_save_and_load_round_trip(input_bound, tmp_path):
+    path = input_bound.save(tmp_path / "loader.json")
+    assert load_loader_config(path) == input_bound.loader_kwargs()
+    saved = json.loads(path.read_text())
+    assert {"cpu", "usable_cores", "torch", "cuda_device", "date"} <= set(saved["machine"])
+    assert saved["not_measured"] == input_bound.not_measured
+
+
+def _write(tmp_path: Path, name: str, content: object) -> Path:
+    path = tmp_path / name
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    return path
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{not json", "not a JSON file"),
+    ({"num_workers": 2}, "not a packload loader config"),
+    ({"packload_loader_config": 9, "loader": {}}, "version 9"),
+    ({"packload_loader_config": 1, "loader": []}, "'loader' must be an object"),
+    ({"packload_loader_config": 1, "loader": {"batch_size": 8}}, "lacks num_workers"),
+    ({"packload_loader_config": 1, "loader": {"batch_size": 8, "num_workers": 2, "prefetch_factor": 2,
+                                              "pin_memory": False, "persistent_workers": True, "shuffle": 1}},
+     "unknown shuffle"),
+    ({"packload_loader_config": 1, "loader": {"batch_size": True, "num_workers": -1, "prefetch_factor": 2,
+                                              "pin_memory": "no", "persistent_workers": True}},
+     "batch_size True must be an integer"),
+    ({"packload_loader_config": 1, "loader": {"batch_size": 8, "num_workers": 0, "prefetch_factor": 2,
+                                              "pin_memory": False, "persistent_workers": False}},
+     "prefetch_factor must be null"),
+    ({"packload_loader_config": 1, "loader": {"batch_size": 8, "num_workers": 2, "prefetch_factor": 0,
+                                              "pin_memory": False, "persistent_workers": True}},
+     "prefetch_factor 0 must be"),
+])
+def test_bad_config_files_give_clear_errors(tmp_path, content, message):
+    path = _write(tmp_path, "bad.json", content)
+    with pytest.raises(LoaderConfigError, match=message) as info:
+        load_loader_config(path)
+    assert str(path) in str(info.value)
+    assert isinstance(info.value, ValueError)
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(LoaderConfigError, match="cannot read"):
+        load_loader_config(tmp_path / "nothing.json")
+
+
+def test_config_from_another_machine_warns(input_bound, tmp_path):
+    path = input_bound.save(tmp_path / "loader.json")
+    document = json.loads(path.read_text())
+    document["machine"]["usable_cores"] = 999
+    path.write_text(json.dumps(document))
+    with pytest.warns(UserWarning, match="another machine"):
+        assert load_loader_config(path)["num_workers"] == input_bound.settings["num_workers"]
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 4 workers on 2 cores, asked for
+def test_make_loader_uses_the_winning_settings(input_bound):
+    loader = input_bound.make_loader(Sleepy(0, size=64))
+    assert loader.num_workers == input_bound.settings["num_workers"]
+    assert loader.prefetch_factor == input_bound.settings["prefetch_factor"]
+    assert loader.persistent_workers is True and loader.batch_size == 16
+    batches = list(loader)
+    assert len(batches) == 4 and batches[0][0].shape == (16, 8)
+    assert sorted(torch.cat([b[0][:, 0] for b in batches]).long().tolist()) == list(range(64))
+
+
+def test_dummy_step_emulation_waits_without_cpu_and_overlaps():
+    step = DummyStep(step_ms=40)
+    assert not step.on_gpu and step.calibration["emulated"] is True
+    wall, cpu = time.perf_counter(), time.process_time()
+    step((torch.zeros(2, 3), torch.zeros(2)))
+    assert time.perf_counter() - wall < 0.02, "the first step is queued, not waited for"
+    for _ in range(4):
+        step(None)
+    step.synchronize()
+    elapsed = time.perf_counter() - wall
+    assert 0.19 <= elapsed < 0.35
+    assert time.process_time() - cpu < 0.5 * elapsed
+    assert step.step_rate(10) == pytest.approx(250.0)
+
+
+@NO_CUDA
+def test_small_cnn_needs_cuda():
+    with pytest.raises(ValueError, match="needs a CUDA GPU.*step_ms"):
+        DummyStep(model="small-cnn")
+    with pytest.raises(ValueError, match="needs a CUDA GPU"):
+        tune(Sleepy(0), 4, model="small-cnn", budget_s=2, progress=False)
+
+
+def test_a_budget_too_small_for_one_trial_says_so():
+    with pytest.raises(TuneError, match="give a larger budget_s"):
+        tune(Sleepy(1), 8, step_ms=5, budget_s=0.001, progress=False)
+
+
+def test_arguments_are_checked():
+    with pytest.raises(ValueError, match="step_ms .* or model"):
+        DummyStep()
+    with pytest.raises(ValueError, match="not both"):
+        DummyStep(step_ms=10, model="small-cnn")
+    with pytest.raises(ValueError, match="unknown model"):
+        DummyStep(model="resnet")
+    with pytest.raises(ValueError, match="map-style"):
+        tune(Stream(), 4, step_ms=10, progress=False)
+    with pytest.raises(ValueError, match="batch_size"):
+        tune(Sleepy(0), 0, step_ms=10, progress=False)
+
+
+def test_plot_writes_a_png(input_bound, tmp_path):
+    pytest.importorskip("matplotlib")
+    path = input_bound.plot(tmp_path / "tune.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_without_matplotlib_says_so(input_bound, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(RuntimeError, match="pip install matplotlib"):
+        input_bound.plot(tmp_path / "tune.png")
+
+
+@pytest.fixture(scope="module")
+def image_folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("images")
+    make_image_folder(root, classes=("a", "b"), per_class=16, seed=3)
+    return root
+
+
+@pytest.mark.parametrize("kind", ["pack", "folder"])
+def test_tune_path_reads_a_pack_or_a_folder(image_folder, tmp_path, kind):
+    path = image_folder
+    if kind == "pack":
+        path = tmp_path / "p.lmdb"
+        pack(image_folder, path, workers=1, progress=False)
+    r = tune_path(path, batch_size=8, step_ms=5, budget_s=3, max_workers=1, progress=False, image_size=32)
+    assert r.samples_per_epoch == 32 and r.trials
+    batch = next(iter(r.make_loader(_dataset_of(path))))
+    assert batch[0].shape == (8, 3, 32, 32) and batch[0].dtype == torch.uint8
+
+
+def _dataset_of(path: Path):
+    from loaders.tune import open_dataset
+
+    return open_dataset(path, image_size=32)
