@@ -179,7 +179,8 @@ def markdown(result: dict[str, Any]) -> str:
                 report.num(m.get("peak_pss_mb", m.get("peak_rss_mb"))), report.num(m.get("peak_growth_mb")),
                 report.status(r) or r["info"].get("note", ""),
             ])
-        parts.append(f"**{name}**: {d['files']:,} files, {d['source_bytes'] / 1e6:,.1f} MB ({d['source']})\n\n"
+        parts.append(f"**{name}**: {d['files']:,} files, {d['source_bytes'] / 1e6:,.1f} MB ({d['source']}); "
+                     f"load average {report.load_range(d['results'])}\n\n"
                      + report.table(["contender", "files/s median [min–max]", "MB/s", "s", "output MB",
                                      "output/source", "× tar", _memory_header(d["results"]), "added MB", "notes"],
                                     rows))

@@ -473,7 +473,8 @@ def markdown(result: dict[str, Any], cache_state: str) -> str:
                 if block.get("ceiling") else ""
             best_peer = next((r["best_peer"] for r in block["results"] if r.get("best_peer")), None)
             parts.append(f"**{name} · {mode} · {cache_state} cache**: {m['budget']:,} samples per run of "
-                         f"{d['files']:,}, batch {s['batch_size']}; best peer: {best_peer or 'none ran'}{bound}\n\n"
+                         f"{d['files']:,}, batch {s['batch_size']}; best peer: {best_peer or 'none ran'}{bound}; "
+                         f"load average {report.load_range(block['results'])}\n\n"
                          + report.table(headers, rows))
     head = (f"Reading, samples/s end to end (dataset + DataLoader construction, worker start, every batch), "
             f"{s['repeats']} interleaved runs per contender at its best num_workers of {s['workers_sweep']} "

@@ -85,3 +85,9 @@ def write_json(data: Any, path: Path) -> None:
     """Write ``data`` as indented JSON (non-JSON values via str)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1, default=str) + "\n")
+
+
+def load_range(results: Sequence[dict[str, Any]]) -> str:
+    """``min–max`` of the 1-minute load average at the start of every run (other work on the machine)."""
+    loads = [run["loadavg_1m"] for r in results for run in r.get("runs", []) if "loadavg_1m" in run]
+    return f"{min(loads):.1f}–{max(loads):.1f}" if loads else "?"

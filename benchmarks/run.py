@@ -170,7 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if part not in parts:
             continue
         started = time.perf_counter()
-        log(f"== {part}")
+        code = machine.code_state(ROOT)  # what this part measures (the library changes between parts)
+        log(f"== {part} (packload at {code['commit']})")
         if part == "machine":
             data: dict[str, Any] = {
                 "describe": machine.describe(args.data),
@@ -190,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         data["meta"] = {"command": command, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                         "minutes": (time.perf_counter() - started) / 60, "scale": scale,
                         "datasets": {k: str(v[0]) for k, v in datasets.items()},
-                        "packload": machine.code_state(ROOT), "loadavg_end": os.getloadavg()}
+                        "packload": code, "loadavg_end": os.getloadavg()}
         if part == "machine":
             data["meta"]["describe_date"] = data["describe"]["date"]
         results[part] = data

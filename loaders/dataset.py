@@ -87,13 +87,17 @@ class PackedImageFolder(Dataset):
     def __getitems__(self, indices: list[int]) -> list[tuple[Any, Any]]:
         """A whole batch: the reader fetches contiguous records in large requests, then decodes."""
         reader = self.reader()
+        positions = reader.positions(indices).tolist()
         try:
-            views = reader.payloads(indices, verify=self.verify)
+            views = reader.payloads(positions, verify=self.verify)
         except ChecksumError:
             if self.on_error == "raise":
                 raise
-            views = [None] * len(indices)  # fall back to one record at a time below
-        return [self._sample(reader, reader.normalize_index(i), view) for i, view in zip(indices, views, strict=True)]
+            views = [None] * len(positions)  # fall back to one record at a time below
+        if self.output == "bytes" and self.transform is None and self.target_transform is None:
+            if None not in views:
+                return [(bytes(view), self.targets[i]) for i, view in zip(positions, views, strict=True)]
+        return [self._sample(reader, i, view) for i, view in zip(positions, views, strict=True)]
 
     def get_batch(self, indices: Sequence[int], channels_last: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Read, decode and stack a whole batch: ``(B×3×H×W uint8, B int64)`` in one call.
@@ -105,7 +109,7 @@ class PackedImageFolder(Dataset):
         ``channels_last`` the batch is ``B×3×H×W`` in channels-last memory (one copy cheaper).
         """
         reader = self.reader()
-        positions = [reader.normalize_index(i) for i in indices]
+        positions = reader.positions(indices).tolist()
         labels = torch.from_numpy(reader.entries["label"][positions].astype(np.int64))
         if not (self.encoding == "raw" and self.transform is None and not self.exif_transpose):
             images, _ = collate_uint8(self.__getitems__(positions))

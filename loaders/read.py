@@ -16,6 +16,7 @@ import ctypes.util
 import mmap
 import os
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +123,7 @@ class PackReader:
         self._txn: Any = None
         self._chunk_cache: tuple[int, memoryview] | None = None
         self.closed = False
+        self._advised: set[tuple[int, int]] = set()  # (part, MiB) already asked for with MADV_WILLNEED
         try:
             if self.backend == "shards":
                 self._open_shards()
@@ -276,19 +278,46 @@ class PackReader:
                                 "re-copy the pack or re-pack the source")
         return view
 
-    def payloads(self, indices: list[int], verify: bool = False) -> list[memoryview]:
-        """Payloads of several records, prefetching each contiguous run of them in one request."""
-        checked = [self.normalize_index(i) for i in indices]
-        if len(checked) > 1:
-            self._prefetch(np.asarray(checked, dtype=np.int64))
-        return [self.payload(i, verify) for i in checked]
+    def positions(self, indices: Sequence[int]) -> np.ndarray:
+        """``indices`` as record numbers in 0..records-1 (negative ones count from the end), checked
+        all at once; IndexError names the first one out of range."""
+        positions = np.asarray(indices, dtype=np.int64).reshape(-1)
+        bad = (positions < -self.records) | (positions >= self.records)
+        if bad.any():
+            raise IndexError(f"record {int(positions[bad][0])} out of range: the pack has {self.records} records")
+        return np.where(positions < 0, positions + self.records, positions)
+
+    def payloads(self, indices: Sequence[int], verify: bool = False) -> list[memoryview]:
+        """Payloads of several records as zero-copy views, prefetching each contiguous run of them
+        in one request. Looks the whole batch up in the index at once (no per-record numpy calls)."""
+        positions = self.positions(indices)
+        entries = self.entries[positions]
+        if len(positions) > 1:
+            self._prefetch(entries)
+        views: dict[int, memoryview] = {}
+        out = []
+        for part, start, length in zip(entries["part"].tolist(), entries["payload_offset"].tolist(),
+                                       entries["payload_len"].tolist(), strict=True):
+            view = views.get(part)
+            if view is None:
+                view = views[part] = self.part_view(part)
+            if start + length > len(view):
+                raise PackFormatError(f"{self.where(int(positions[len(out)]))}: payload runs past the end of its "
+                                      "part; the pack is damaged")
+            out.append(view[start : start + length])
+        if verify:
+            for k, (view, crc) in enumerate(zip(out, entries["payload_crc32"].tolist(), strict=True)):
+                if zlib.crc32(view) != crc:
+                    raise ChecksumError(f"{self.where(int(positions[k]))}: checksum mismatch, the stored bytes are "
+                                        "damaged; re-copy the pack or re-pack the source")
+        return out
 
     def copy_raw(self, positions: np.ndarray, out: np.ndarray, verify: bool = False, chw: bool = False) -> None:
         """Copy the raw pixels of records ``positions`` (in 0..records-1) into ``out``, B×H×W×3
         uint8 (or B×3×H×W with ``chw``), straight from the memory map: the fast path for raw packs."""
         entries = self.entries[positions]
         if len(positions) > 1:
-            self._prefetch(positions)
+            self._prefetch(entries)
         size = out[0].nbytes if len(out) else 0
         if (entries["payload_len"] != size).any():
             bad = int(positions[np.flatnonzero(entries["payload_len"] != size)[0]])
@@ -308,25 +337,31 @@ class PackReader:
                 raise ChecksumError(f"{self.where(int(positions[k]))}: checksum mismatch, the stored bytes "
                                     "are damaged; re-copy the pack or re-pack the source")
 
-    def _prefetch(self, indices: np.ndarray) -> None:
-        """``MADV_WILLNEED`` over each run of records that lie close together in one part."""
-        entries = self.entries[np.sort(indices)]
+    def _prefetch(self, entries: np.ndarray) -> None:
+        """``MADV_WILLNEED`` over each run of the given records that lie close together in one part
+        and span at least 64 KiB (smaller runs are covered by a page fault's own read-around)."""
+        entries = np.sort(entries, order=["part", "record_offset"])
         parts = entries["part"].astype(np.int64)
         starts = entries["record_offset"].astype(np.int64)
         ends = (entries["payload_offset"] + entries["payload_len"]).astype(np.int64)
         # A new run starts where the part changes or the gap to the previous record is large.
-        gap = np.ones(len(entries), dtype=bool)
-        gap[1:] = (parts[1:] != parts[:-1]) | (starts[1:] - ends[:-1] > 256 * 1024)
-        run_ids = np.cumsum(gap) - 1
-        for run in range(int(run_ids[-1]) + 1):
-            members = np.flatnonzero(run_ids == run)
-            first, last = int(members[0]), int(members[-1])
-            if ends[last] - starts[first] < 64 * 1024:
-                continue  # small: the page fault's own read-around covers it
-            view = self.part_view(int(parts[first]))
-            stop = min(int(ends[last]), len(view))
-            if stop > starts[first]:
-                _madvise_willneed(view[int(starts[first]) : stop])
+        first = np.ones(len(entries), dtype=bool)
+        first[1:] = (parts[1:] != parts[:-1]) | (starts[1:] - ends[:-1] > 256 * 1024)
+        run_starts = np.flatnonzero(first)
+        run_ends = np.append(run_starts[1:], len(entries)) - 1
+        spans = np.maximum.reduceat(ends, run_starts) - starts[run_starts]
+        for lo, hi in zip(run_starts[spans >= 64 * 1024].tolist(), run_ends[spans >= 64 * 1024].tolist(),
+                          strict=True):
+            part, start, stop = int(parts[lo]), int(starts[lo]), int(ends[lo : hi + 1].max())
+            granules = {(part, g) for g in range(start >> 20, ((stop - 1) >> 20) + 1)}
+            if granules <= self._advised:
+                continue  # asked for already: the kernel has it or is reading it
+            if len(self._advised) > 1 << 17:
+                self._advised.clear()
+            self._advised |= granules
+            view = self.part_view(part)
+            if min(stop, len(view)) > start:
+                _madvise_willneed(view[start : min(stop, len(view))])
 
     def index_bytes(self) -> bytes:
         """The index exactly as stored (for checksums)."""

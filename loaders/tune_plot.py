@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from packer.errors import PackloadError
 
-from .tune_search import aggregate
+from .tune_search import PREFETCH_DEFAULT, aggregate
 
 if TYPE_CHECKING:
     from .tune import TuneResult
@@ -39,9 +39,11 @@ def plot_result(result: TuneResult, path: str | os.PathLike[str]) -> Path:
     for (prefetch, pin), points in sorted(series.items(), key=lambda item: (item[0][0] or 0, item[0][1])):
         if prefetch is None:
             continue
-        points = sorted(points + [p for p in no_workers if p not in points])
+        main = prefetch == PREFETCH_DEFAULT  # the searched series; other depths are single checks
+        points = sorted(points + (no_workers if main else []))
         label = f"prefetch_factor={prefetch}" + (", pinned" if pin else "")
-        axes.plot([w for w, _ in points], [r for _, r in points], marker="o", label=label)
+        axes.plot([w for w, _ in points], [r for _, r in points], marker="o" if main else "s",
+                  linestyle="-" if main else ":", label=label)
     if not any(pf is not None for pf, _ in series):
         axes.plot([w for w, _ in no_workers], [r for _, r in no_workers], marker="o", label="num_workers=0")
     axes.axhline(result.step_samples_per_s, color="grey", linestyle="--",
