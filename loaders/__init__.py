@@ -10,10 +10,13 @@ from .batches import PackBatches, batch_loader
 from .collate import collate_uint8
 from .dataset import PackedImageFolder
 from .decode import fast_jpeg_available
+from .gpu_step import DummyStep
 from .read import PackReader
 from .sampler import PackSampler, shuffle_quality
+from .tune import TuneResult, load_loader_config, tune
 
 __all__ = [
+    "DummyStep",
     "PackBatches",
     "PackReader",
     "PackSampler",
@@ -21,5 +24,8 @@ __all__ = [
     "batch_loader",
     "collate_uint8",
     "fast_jpeg_available",
+    "TuneResult",
+    "load_loader_config",
     "shuffle_quality",
+    "tune",
 ]

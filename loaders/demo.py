@@ -1,8 +1,9 @@
 """``packload demo``: the whole job on a generated dataset, so a new user sees it work in minutes.
 
 Generates ImageNet-like JPEGs, packs them into an LMDB file and a shards folder, verifies them,
-then reads the same epoch through a DataLoader from the original files and from each pack, and
-reports the speed-up, for undecoded bytes and for decode + resize + crop.
+reads the same epoch through a DataLoader from the original files and from each pack, reports the
+speed-up (undecoded bytes; decode + resize + crop), then tunes the loader against an emulated GPU
+step and says whether training would be input-bound.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from packer import pack
+from packer import UsageError, pack
 from packer.pipeline import available_cpus
 from packer.synthetic import make_imagenet_like
 
@@ -22,6 +23,8 @@ from .dataset import PackedImageFolder
 from .folder import FolderImages
 from .measure import time_loader
 from .transforms import ResizeCenterCrop
+from .tune import format_report as format_tune_report
+from .tune import tune
 from .verify import verify
 
 
@@ -31,10 +34,11 @@ def _rate(dataset: Any, collate: Any, workers: int, batch_size: int, sampler: An
     return time_loader(loader).samples_per_s
 
 
-def run_demo(folder: str | os.PathLike[str], count: int = 2000, progress: bool = True) -> dict[str, Any]:
-    """Generate, pack, verify and load; return every figure and a readable report."""
+def run_demo(folder: str | os.PathLike[str], count: int = 2000, progress: bool = True,
+             tune_budget_s: float = 20.0) -> dict[str, Any]:
+    """Generate, pack, verify, load and tune; return every figure and a readable report."""
     if count < 100:
-        raise ValueError(f"--count {count}: give at least 100 images so the timings mean something")
+        raise UsageError(f"--count {count}: give at least 100 images so the timings mean something")
     root = Path(folder)
     images = root / "images"
     if not images.is_dir() or sum(1 for _ in images.rglob("*.jpg")) != count:
@@ -48,11 +52,12 @@ def run_demo(folder: str | os.PathLike[str], count: int = 2000, progress: bool =
     batch = 64
     crop = ResizeCenterCrop(160)
     rates: dict[str, dict[str, float]] = {"bytes": {}, "decode+crop": {}}
-    rates["bytes"]["folder"] = _rate(FolderImages(images, output="bytes"), collate_as_list, workers, batch)
+    # Undecoded bytes are pure I/O: read in the main process (num_workers=0), as the tuner would pick.
+    rates["bytes"]["folder"] = _rate(FolderImages(images, output="bytes"), collate_as_list, 0, batch)
     rates["decode+crop"]["folder"] = _rate(FolderImages(images, transform=crop), collate_uint8, workers, batch)
     for name in packs:
         ds = PackedImageFolder(root / name, output="bytes")
-        rates["bytes"][name] = _rate(ds, collate_as_list, workers, batch, ds.sampler(seed=0))
+        rates["bytes"][name] = _rate(ds, collate_as_list, 0, batch, ds.sampler(seed=0))
         ds = PackedImageFolder(root / name, transform=crop, decode_size=(160, 160))
         rates["decode+crop"][name] = _rate(ds, collate_uint8, workers, batch, ds.sampler(seed=0))
 
@@ -61,8 +66,8 @@ def run_demo(folder: str | os.PathLike[str], count: int = 2000, progress: bool =
         report.append(f"  packed {name}: {summary['records']} images, {summary['pack_bytes'] / 1e6:.1f} MB "
                       f"in {summary['seconds']:.1f} s ({summary['files_per_s']:.0f} files/s); "
                       f"verify: {'ok' if checks[name] else 'FAILED'}")
-    report.append(f"  one epoch through a DataLoader ({workers} workers, batch {batch}, samples/s, "
-                  "original files vs packs):")
+    report.append(f"  one epoch through a DataLoader (batch {batch}, samples/s, original files vs packs; bytes "
+                  f"read in the main process, decoding on {workers} workers):")
     for kind, by_source in rates.items():
         base = by_source["folder"]
         cells = ", ".join(f"{src} {rate:,.0f}" + ("" if src == "folder" else f" ({rate / base:.1f}x)")
@@ -70,5 +75,13 @@ def run_demo(folder: str | os.PathLike[str], count: int = 2000, progress: bool =
         report.append(f"    {kind:12s} {cells}")
     report.append("  (a warm page cache on a local disk: the smallest gap there is; on network disks and "
                   "cold caches the packs gain much more)")
+
+    # Tune: which DataLoader settings keep an (emulated) GPU step of 50 ms per batch busy?
+    ds = PackedImageFolder(root / "demo.shards", transform=crop, decode_size=(160, 160))
+    tuned = tune(ds, batch_size=batch, step_ms=50.0, budget_s=tune_budget_s, collate_fn=collate_uint8,
+                 sampler=ds.sampler(seed=0), progress=progress)
+    report.append(f"  tune (GPU step emulated as 50 ms per batch of {batch}; `packload tune` for yours):")
+    report += [f"    {line}" for line in format_tune_report(tuned)[-4:-1]]
     return {"folder": str(root), "count": count, "packs": packs, "verified": checks,
-            "samples_per_s": rates, "workers": workers, "batch_size": batch, "report": report}
+            "samples_per_s": rates, "workers": workers, "batch_size": batch, "tune": tuned.as_dict(),
+            "report": report}

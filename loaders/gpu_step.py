@@ -114,17 +114,24 @@ class DummyStep:
         self.calibration: dict[str, Any]
         self._model: SmallCNN | None = None
         if not self.on_gpu:
+            why = "no CUDA here" if not torch.cuda.is_available() else "device=cpu"
             self.calibration = {"emulated": True, "requested_ms": self.step_ms, "method": "time.sleep"}
-            self.description = f"emulated GPU step: a {self.step_ms:g} ms wait per batch (no CUDA here)"
-        elif model is not None:
-            self._build_model()
-            self.calibration = {"emulated": False, "model": model}
-            self.description = f"{model} forward+backward+SGD on {torch.cuda.get_device_name(self.device)}"
-        else:
-            self.calibration = self._calibrate()
-            self.description = (f"{self.step_ms:g} ms matrix-multiply step on "
-                                f"{torch.cuda.get_device_name(self.device)} "
-                                f"(calibrated: {self.calibration['measured_ms']:.1f} ms measured)")
+            self.description = f"emulated GPU step: a {self.step_ms:g} ms wait per batch ({why})"
+            return
+        name = torch.cuda.get_device_name(self.device)
+        try:
+            if model is not None:
+                self._build_model()
+                self.calibration = {"emulated": False, "model": model}
+                self.description = f"{model} forward+backward+SGD on {name}"
+            else:
+                self.calibration = self._calibrate()
+                self.description = (f"{self.step_ms:g} ms matrix-multiply step on {name} "
+                                    f"(calibrated: {self.calibration['measured_ms']:.1f} ms measured)")
+        except RuntimeError as exc:  # e.g. no kernels for this GPU in this PyTorch build
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ValueError(f"the GPU step could not run on {name} ({first}); check the PyTorch build with "
+                             "`packload doctor`, or pass device='cpu' to emulate the step by waiting") from exc
 
     # -- one step ---------------------------------------------------------------------------
     def __call__(self, batch: Any) -> None:

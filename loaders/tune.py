@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 from tqdm import tqdm
 
@@ -201,16 +202,20 @@ def tune(dataset: Dataset, batch_size: int, step_ms: float | None = None, model:
                             "device": str(step.device), "on_gpu": step.on_gpu, "calibration": step.calibration},
                       step_samples_per_s=step_rate, trials=search.trials, winner=pick, fastest=fastest,
                       settings=settings, verdict=verdict, message=message, epoch_s=size / pick.samples_per_s,
-                      not_measured={} if step.on_gpu else {"pin_memory": "not measured (no CUDA)"},
+                      not_measured={} if step.on_gpu else {"pin_memory": f"not measured ({_why_emulated()})"},
                       stopped=reason, skipped=search.skipped, notes=_notes(search.trials),
                       elapsed_s=time.perf_counter() - start, budget_s=budget_s, max_workers=search.max_workers, tolerance=tolerance,
                       machine=machine_info(), collate_fn=collate_fn, sampler=sampler)
 
 
+def _why_emulated() -> str:
+    return "device=cpu" if torch.cuda.is_available() else "no CUDA"
+
+
 def _verdict(pick: Trial, step_rate: float, reason: str, limit: str, dataset: Dataset,
              step: DummyStep) -> tuple[str, str]:
     """("input-bound" | "compute-bound", a plain sentence with the numbers and what to do)."""
-    emulated = "" if step.on_gpu else f" (GPU step emulated by a {step.step_ms:g} ms wait: no CUDA here)"
+    emulated = "" if step.on_gpu else f" (GPU step emulated by a {step.step_ms:g} ms wait: {_why_emulated()})"
     workers = f"{pick.num_workers} worker{'s' if pick.num_workers != 1 else ''}"
     head = f"the GPU step alone could run {step_rate:,.0f} img/s{emulated}; "
     if pick.gpu_wait < COMPUTE_BOUND_WAIT:

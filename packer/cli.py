@@ -188,6 +188,39 @@ def run_demo(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- tune ------------------------------------------------------------------------------------
+def _add_tune(sub: Any) -> None:
+    p = sub.add_parser("tune", help="find the fastest DataLoader settings against an emulated or real GPU step",
+                       description="Benchmark num_workers, prefetch_factor and pin_memory for a pack or an image "
+                                   "folder against a GPU step, pick the cheapest fast setting, and say whether "
+                                   "training is input-bound.")
+    p.add_argument("path", help="a pack (.lmdb file or shards folder) or an image folder")
+    p.add_argument("--batch-size", type=int, default=256, help="your training batch size (default 256)")
+    step = p.add_mutually_exclusive_group(required=True)
+    step.add_argument("--step-ms", type=float, help="GPU time of one training step to emulate, in ms")
+    step.add_argument("--model", choices=("small-cnn",), help="run a small CNN forward+backward on the GPU")
+    p.add_argument("--budget", type=float, default=60.0, help="seconds to spend searching (default 60)")
+    p.add_argument("--max-workers", type=int, help="largest num_workers to try (default: from cores and memory)")
+    p.add_argument("--save", metavar="FILE", help="write the winning DataLoader settings as JSON")
+    p.add_argument("--plot", metavar="FILE", help="draw throughput against num_workers (needs matplotlib)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print a machine-readable result")
+    p.set_defaults(run=run_tune)
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    from loaders.tune import format_report, tune_path
+
+    result = tune_path(args.path, batch_size=args.batch_size, step_ms=args.step_ms, model=args.model,
+                       budget_s=args.budget, max_workers=args.max_workers, progress=not (args.quiet or args.json))
+    if args.save:
+        result.save(args.save)
+    if args.plot:
+        result.plot(args.plot)
+    print(result.to_json() if args.json else "\n".join(format_report(result)))
+    return EXIT_OK
+
+
 # -- doctor ----------------------------------------------------------------------------------
 def _add_doctor(sub: Any) -> None:
     p = sub.add_parser("doctor", help="is slow training really the GPU's fault? check the machine and a dataset",
@@ -213,8 +246,8 @@ def run_doctor(args: argparse.Namespace) -> int:
     return run(args)  # a diagnosis: exit 0 whatever it finds
 
 
-COMMANDS: tuple[Callable[[Any], None], ...] = (_add_pack, _add_info, _add_verify, _add_unpack, _add_doctor,
-                                               _add_demo)
+COMMANDS: tuple[Callable[[Any], None], ...] = (_add_pack, _add_info, _add_verify, _add_unpack, _add_tune,
+                                               _add_doctor, _add_demo)
 
 
 def build_parser() -> argparse.ArgumentParser:
