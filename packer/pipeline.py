@@ -31,6 +31,8 @@ from .write_lmdb import LmdbWriter
 from .write_shards import ShardsWriter, fsync_dir
 
 DEFAULT_SHARD_SIZE = 256 << 20
+# Address space LMDB reserves (not disk: the file grows as it is written); doubled if ever full.
+LMDB_MAP_SIZE = 1 << 40
 CHUNK_FILES = 64  # files per task sent to a worker
 CHECKPOINT_SECONDS = 5.0
 
@@ -70,14 +72,16 @@ def _check_destination(src: Path, dst: Path, overwrite: bool) -> None:
         raise UsageError(f"{dst}: is inside the source folder {src}; write the pack somewhere else")
 
 
-def _source_bytes(scan: ScanResult) -> int:
+def _kept_source_bytes(scan: ScanResult, start: int, skipped: list[dict[str, Any]]) -> int:
+    """Source bytes of the files packed before a resume (their records are already written)."""
+    left_out = {item["pos"] for item in skipped}
     total = 0
-    root = str(scan.root)
-    for sample in scan.samples:
-        try:
-            total += os.path.getsize(os.path.join(root, sample.path))
-        except OSError:
-            pass  # reported as skipped when encoded
+    for pos in range(start):
+        if pos not in left_out:
+            try:
+                total += os.path.getsize(os.path.join(str(scan.root), scan.samples[pos].path))
+            except OSError:
+                pass  # changed since: the record holds what was read then
     return total
 
 
@@ -196,15 +200,12 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: s
         raise UsageError(f"--shard-size {shard_size}: give at least 64 KiB (for example 256M)")
     scan = scan_folder(src_path)
     _check_destination(src_path, dst_path, overwrite)
-    source_bytes = _source_bytes(scan)
     tmp = partial_path(dst_path)
     options_record = {"backend": backend, **asdict(options)}
     if options.size is not None:
         options_record["size"] = list(options.size)
 
-    map_size = max(64 << 20, 2 * source_bytes + (64 << 20))
-    if options.encoding == "raw":
-        map_size = max(map_size, 8 * source_bytes)
+    map_size = LMDB_MAP_SIZE
     writer: ShardsWriter | LmdbWriter | None = None
     if tmp.exists() and resume:
         try:
@@ -236,8 +237,8 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: s
 
     try:
         manifest = _write_all(scan, writer, start, skipped, options, options_record, workers, strict,
-                              progress, source_bytes, checkpoint_every)
-        manifest["source"]["bytes"] = source_bytes
+                              progress, checkpoint_every)
+        source_bytes = manifest["source"]["bytes"]
     except OSError as exc:
         writer.close()
         if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
@@ -275,10 +276,11 @@ def _size_on_disk(path: Path) -> int:
 
 def _write_all(scan: ScanResult, writer: ShardsWriter | LmdbWriter, start: int, skipped: list[dict[str, Any]],
                options: EncodeOptions, options_record: dict[str, Any], workers: int, strict: bool,
-               progress: bool, source_bytes: int, checkpoint_every: int | None) -> dict[str, Any]:
+               progress: bool, checkpoint_every: int | None) -> dict[str, Any]:
     """Feed every sample from ``start`` on through the encoder into ``writer``; finish the pack."""
     total = len(scan.samples)
-    written_bytes = 0
+    written_bytes = 0  # source bytes of the files packed in this run
+    kept_bytes = _kept_source_bytes(scan, start, skipped)
     last_checkpoint = time.monotonic()
     bar = tqdm(total=total, initial=start, unit="img", disable=not progress, dynamic_ncols=True,
                desc=f"pack {scan.root.name}", smoothing=0.1)
@@ -293,7 +295,8 @@ def _write_all(scan: ScanResult, writer: ShardsWriter | LmdbWriter, start: int, 
             else:
                 writer.write(item)
                 written_bytes += item.source_bytes
-            bar.update(1)
+            if pos % 64 == 63:
+                bar.update(64)
             now = time.monotonic()
             if now - last_checkpoint >= CHECKPOINT_SECONDS or (checkpoint_every and (pos + 1) % checkpoint_every == 0):
                 writer.checkpoint({"options": options_record, "skipped": skipped})
@@ -301,6 +304,7 @@ def _write_all(scan: ScanResult, writer: ShardsWriter | LmdbWriter, start: int, 
             if progress and pos % 256 == 0:
                 elapsed = time.perf_counter() - tick
                 bar.set_postfix_str(f"{written_bytes / max(elapsed, 1e-9) / 1e6:.0f} MB/s", refresh=False)
+        bar.update(total - bar.n)
     finally:
         bar.close()
     if writer.index.count == 0:
@@ -315,7 +319,8 @@ def _write_all(scan: ScanResult, writer: ShardsWriter | LmdbWriter, start: int, 
         "encoding": options.encoding,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "packload_version": __version__,
-        "source": {"name": printable(scan.root.resolve().name), "files": total, "bytes": source_bytes},
+        "source": {"name": printable(scan.root.resolve().name), "files": total,
+                   "bytes": kept_bytes + written_bytes},
         "labelled": scan.labelled,
         "classes": scan.classes,
         "class_counts": {name: int((labels == i).sum()) for i, name in enumerate(scan.classes)},

@@ -271,7 +271,9 @@ def check_manifest(manifest: dict, src: Path, backend: str, encoding: str, expec
     assert all(set(i) == {"path", "reason"} and isinstance(i["reason"], str) for i in ignored)
     if (src / "dog" / "notes.txt").exists():
         assert "dog/notes.txt" in [i["path"] for i in ignored]
-    assert manifest["source"] == {"name": src.name, "files": len(files), "bytes": sum(f.stat().st_size for f in files)}
+    skipped = {item["path"] for item in manifest["skipped"]}
+    packed_bytes = sum(f.stat().st_size for f in files if f.relative_to(src).as_posix() not in skipped)
+    assert manifest["source"] == {"name": src.name, "files": len(files), "bytes": packed_bytes}
     assert manifest["source"]["files"] == manifest["records"] + len(manifest["skipped"])
     options = manifest["options"]
     assert set(options) == OPTIONS_FIELDS and options["backend"] == backend and options["encoding"] == encoding
