@@ -36,7 +36,10 @@ def _collect(results: list[dict[str, Any]]) -> tuple[list[str], list[float], lis
 
 
 def write_charts(results: dict[str, Any], out: Path) -> list[Path]:
-    """pack.png and read.png (medians with min–max whiskers) in ``out``; returns the files written."""
+    """pack.png and read.png (medians with min–max whiskers) in ``out``; returns the files written.
+
+    ``results`` is results.json's content: ``{"pack": {"data": ...}, "read": {"data": ...}, ...}``.
+    """
     if not available():
         return []
     import matplotlib
@@ -45,7 +48,7 @@ def write_charts(results: dict[str, Any], out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     written = []
-    pack = results.get("pack")
+    pack = (results.get("pack") or {}).get("data")
     if pack and pack.get("datasets"):
         names = list(pack["datasets"])
         fig, axes = plt.subplots(len(names), 1, figsize=(7, 2.2 * len(names) + 0.5), squeeze=False)
@@ -56,7 +59,7 @@ def write_charts(results: dict[str, Any], out: Path) -> list[Path]:
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(path)
-    read = results.get("read")
+    read = (results.get("read") or {}).get("data")
     if read and read.get("datasets"):
         panels = [(name, mode, state, m[state]["results"]) for name, d in read["datasets"].items()
                   for mode, m in d["modes"].items() for state in ("warm", "cold") if state in m]

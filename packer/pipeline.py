@@ -31,8 +31,9 @@ from .write_lmdb import LmdbWriter
 from .write_shards import ShardsWriter, fsync_dir
 
 DEFAULT_SHARD_SIZE = 256 << 20
-# Address space LMDB reserves (not disk: the file grows as it is written); doubled if ever full.
-LMDB_MAP_SIZE = 1 << 40
+# Address space LMDB reserves per file to pack (not disk: the file grows as it is written); doubled
+# whenever it fills. Readers map what the writer reserved, so it is kept near the pack's size.
+LMDB_MAP_PER_FILE = 256 << 10
 CHUNK_FILES = 64  # files per task sent to a worker
 CHECKPOINT_SECONDS = 5.0
 
@@ -205,7 +206,7 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: s
     if options.size is not None:
         options_record["size"] = list(options.size)
 
-    map_size = LMDB_MAP_SIZE
+    map_size = max(1 << 30, len(scan.samples) * LMDB_MAP_PER_FILE)
     writer: ShardsWriter | LmdbWriter | None = None
     if tmp.exists() and resume:
         try:

@@ -242,6 +242,11 @@ def test_run_end_to_end_without_peers(data: dict[str, tuple[Path, str]], tmp_pat
                     "## num_workers sweep", "FFCV"):
         assert heading in text, heading
     assert "× baseline" in text and "× tar" in text and "not run: peers not run (--no-peers)" in text
+    from benchmarks import plots
+
+    if plots.available():
+        assert (out / "pack.png").stat().st_size > 0 and (out / "read.png").stat().st_size > 0
+        assert "![read](read.png)" in text
 
     # A part run alone is merged into the results already there.
     assert run.main(["--data", str(root), "--out", str(out), "--jpegs", "80", "--pngs", "200", "--only",

@@ -166,3 +166,20 @@ def test_names_that_are_not_utf8_are_listed_not_fatal(tmp_path):
     reasons = {item["path"]: item["reason"] for item in ds.manifest["ignored"]}
     assert "not valid UTF-8" in reasons["a/bad\\xff.png"]
     assert "not valid UTF-8" in reasons["cls\\xfe"]
+
+
+def test_lmdb_map_grows_when_full(tmp_path):
+    """A map far smaller than the data is grown on MapFullError, not an error."""
+    from packer.encode import Encoded
+    from packer.write_lmdb import LmdbWriter
+
+    writer = LmdbWriter(tmp_path / "g.lmdb", map_size=256 << 10, chunk_size=64 << 10)
+    payloads = [os.urandom(50_000 + k) for k in range(60)]  # ~3 MB into a 256 KiB map
+    for k, payload in enumerate(payloads):
+        import zlib
+
+        writer.write(Encoded(f"a/{k}.bin", 0, payload, 1, 1, "L", "other", 0, len(payload), zlib.crc32(payload)))
+    writer.finish({"format": "packload", "version": 1, "backend": "lmdb", "encoding": "keep", "records": 60,
+                   "classes": ["a"], "skipped": []})
+    with PackReader(tmp_path / "g.lmdb") as reader:
+        assert [bytes(reader.payload(k, verify=True)) for k in range(60)] == payloads
