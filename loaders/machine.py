@@ -210,6 +210,20 @@ def cgroup_memory_limit(cgroup_root: str | os.PathLike[str] = "/sys/fs/cgroup",
     return int(limit) if limit is not None else None
 
 
+def cgroup_memory_usage(cgroup_root: str | os.PathLike[str] = "/sys/fs/cgroup",
+                        self_cgroup: str | os.PathLike[str] = "/proc/self/cgroup") -> int | None:
+    """Bytes this process's cgroup uses now (``memory.current`` or ``memory.usage_in_bytes``)."""
+    root, groups = Path(cgroup_root), read_self_cgroup(self_cgroup)
+    if cgroup_version(root) == 2:
+        dirs, name = _cgroup_dirs(root, groups.get("", "")), "memory.current"
+    else:
+        base = _v1_controller_dir(root, "memory")
+        dirs = _cgroup_dirs(base, groups.get("memory", "")) if base is not None else []
+        name = "memory.usage_in_bytes"
+    text = (_read_text(dirs[-1] / name) or "").strip() if dirs else ""
+    return int(text) if text.isdigit() else None
+
+
 # -- CPUs ----------------------------------------------------------------------------------------
 def physical_cores(cpuinfo: str | os.PathLike[str] = "/proc/cpuinfo") -> int | None:
     """Distinct (package, core) pairs in ``/proc/cpuinfo``; None when it does not say."""

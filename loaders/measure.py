@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from .machine import cgroup_cpu_limit, cgroup_memory_limit, cgroup_memory_usage, read_meminfo, usable_cpus
+
 
 @dataclass(frozen=True)
 class LoaderTiming:
@@ -62,58 +64,15 @@ def time_loader(loader: DataLoader, max_batches: int | None = None, warmup_batch
 def usable_cores() -> int:
     """CPUs this process may use: its affinity, reduced by a cgroup CPU quota (v2 or v1) when set."""
     try:
-        cores = len(os.sched_getaffinity(0))
+        affinity = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
-        cores = os.cpu_count() or 1
-    quota = _cgroup_cpu_quota()
-    if quota is not None:
-        cores = min(cores, max(1, int(quota)))
-    return max(1, cores)
-
-
-def _cgroup_cpu_quota() -> float | None:
-    try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
-        return None if quota == "max" else int(quota) / int(period)
-    except (OSError, ValueError):
-        pass
-    try:
-        quota_us = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
-        period_us = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
-        return quota_us / period_us if quota_us > 0 else None
-    except (OSError, ValueError):
-        return None
-
-
-def _meminfo() -> dict[str, int]:
-    values: dict[str, int] = {}
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            name, _, rest = line.partition(":")
-            values[name] = int(rest.split()[0]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return values
-
-
-def _cgroup_memory() -> tuple[int | None, int | None]:
-    """(limit, usage) of this process's cgroup in bytes, or None where there is no limit."""
-    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
-                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
-        try:
-            text = Path(limit_file).read_text().strip()
-            if text == "max" or int(text) >= 1 << 60:
-                return None, None
-            return int(text), int(Path(usage_file).read_text().strip())
-        except (OSError, ValueError):
-            continue
-    return None, None
+        affinity = os.cpu_count() or 1
+    return max(1, int(usable_cpus(affinity, cgroup_cpu_limit())))
 
 
 def memory_status() -> dict[str, int]:
     """``total`` and ``available`` bytes for this process: RAM, or its cgroup limit when lower."""
-    info = _meminfo()
+    info = read_meminfo()
     if "MemAvailable" not in info:  # not Linux: psutil if installed, else assume nothing is used
         try:
             import psutil
@@ -124,8 +83,9 @@ def memory_status() -> dict[str, int]:
             pass
     total = info.get("MemTotal") or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     available = info.get("MemAvailable", total)
-    limit, usage = _cgroup_memory()
-    if limit is not None and usage is not None:
+    limit = cgroup_memory_limit()
+    if limit is not None:
+        usage = cgroup_memory_usage() or 0
         total, available = min(total, limit), min(available, max(0, limit - usage))
     return {"total": int(total), "available": int(available)}
 
