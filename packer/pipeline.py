@@ -240,6 +240,9 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: s
         manifest = _write_all(scan, writer, start, skipped, options, options_record, workers, strict,
                               progress, checkpoint_every)
         source_bytes = manifest["source"]["bytes"]
+    except WriteError:
+        writer.close()
+        raise
     except OSError as exc:
         writer.close()
         if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):

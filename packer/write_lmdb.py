@@ -101,7 +101,8 @@ class _CommitThread:
             except lmdb.MapFullError:
                 self.env.set_mapsize(self.env.info()["map_size"] * 2)
             except lmdb.Error as exc:
-                raise WriteError(f"{self.path}: LMDB write failed ({exc}); check free disk space") from None
+                raise WriteError(f"{self.path}: LMDB write failed ({exc}); free disk space (or raise the "
+                                 "file-size limit), then rerun with --resume") from None
         self._pending.clear()
         self._pending_bytes = 0
 
