@@ -10,8 +10,6 @@ says plainly when eviction did not work.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import mmap
 import os
 import sys
@@ -19,29 +17,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from loaders.page_cache import drop, resident_pages
 
 PAGE = mmap.PAGESIZE
 EVICTED_BELOW = 0.02  # eviction counts as done when under 2 % of the bytes stay resident
-
-_libc: Any = None
-
-
-def _lib() -> Any:
-    """libc with mmap/mincore/munmap prototypes, loaded once."""
-    global _libc
-    if _libc is None:
-        lib = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        lib.mmap.restype = ctypes.c_void_p
-        lib.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                             ctypes.c_long]
-        lib.mincore.restype = ctypes.c_int
-        lib.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-        lib.munmap.restype = ctypes.c_int
-        lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        _libc = lib
-    return _libc
-
 
 def supported() -> str | None:
     """None when eviction and the residency check can work here, else why not."""
@@ -66,27 +45,8 @@ def files_under(paths: Iterable[str | os.PathLike[str]]) -> Iterator[Path]:
 
 
 def file_residency(path: str | os.PathLike[str]) -> tuple[int, int]:
-    """(resident pages, total pages) of one file, by ``mincore`` over a read-only mapping."""
-    size = os.path.getsize(path)
-    if size == 0:
-        return 0, 0
-    pages = (size + PAGE - 1) // PAGE
-    lib = _lib()
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        addr = lib.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        if addr in (None, ctypes.c_void_p(-1).value):
-            raise OSError(ctypes.get_errno(), f"mmap failed for {path}")
-        try:
-            vec = (ctypes.c_ubyte * pages)()
-            if lib.mincore(addr, size, vec) != 0:
-                raise OSError(ctypes.get_errno(), f"mincore failed for {path}")
-            resident = int((np.frombuffer(vec, dtype=np.uint8) & 1).sum())  # bit 0: page resident
-        finally:
-            lib.munmap(addr, size)
-    finally:
-        os.close(fd)
-    return resident, pages
+    """(resident pages, total pages) of one file (``mincore`` via ``loaders.page_cache``)."""
+    return resident_pages(path)
 
 
 def residency(paths: Iterable[str | os.PathLike[str]]) -> dict[str, Any]:
@@ -107,11 +67,7 @@ def evict(paths: Iterable[str | os.PathLike[str]]) -> int:
     os.sync()
     count = 0
     for f in files_under(paths):
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+        drop(f)
         count += 1
     return count
 

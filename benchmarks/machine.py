@@ -118,7 +118,7 @@ def code_state(repo: Path) -> dict[str, Any]:
             done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=30)
         except (OSError, subprocess.SubprocessError):
             return None
-        return done.stdout.strip() if done.returncode == 0 else None
+        return done.stdout.rstrip() if done.returncode == 0 else None
 
     changed = git("status", "--porcelain", "--untracked-files=no", "--", "packer", "loaders")
     return {"commit": git("rev-parse", "--short", "HEAD"), "subject": git("log", "-1", "--format=%s"),
