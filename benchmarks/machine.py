@@ -26,6 +26,7 @@ import numpy as np
 from PIL import Image
 
 from benchmarks import cache
+from loaders.measure import cpu_model, usable_cores
 from loaders.transforms import ResizeCenterCrop
 
 try:  # optional fast JPEG decoder (packload's `fast` extra)
@@ -49,31 +50,6 @@ def _version(dist: str) -> str | None:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return None
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def usable_cores() -> int:
-    """CPUs this process may use: affinity, reduced by a cgroup v2 CPU quota when one is set."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
-        if quota != "max":
-            cores = min(cores, max(1, int(int(quota) / int(period))))
-    except (OSError, ValueError):
-        pass
-    return max(1, cores)
 
 
 def _memory() -> dict[str, Any]:
@@ -131,7 +107,7 @@ def describe(data_path: str | os.PathLike[str]) -> dict[str, Any]:
                 for name, dist in _DISTRIBUTIONS.items()}
     return {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "logical_cores": os.cpu_count(),
         "usable_cores": usable_cores(),
         **_memory(),
