@@ -28,8 +28,8 @@ NETWORK_FUSE = frozenset({"gcsfuse", "s3fs", "rclone", "sshfs", "juicefs", "blob
                           "mountpoint-s3", "alluxio-fuse", "ceph-fuse", "glusterfs", "lustre", "cephfs",
                           "davfs", "weka", "geesefs", "oss"})
 MEMORY_FS = frozenset({"tmpfs", "ramfs"})
-# The oldest CUDA toolkit that builds kernels for a compute-capability major version, and the wheel index
-# to install from (https://pytorch.org/get-started/locally/ lists the current ones).
+# The PyTorch CUDA build (named as PyTorch's own wheel index names them) that has kernels for a
+# compute-capability major version; PyTorch's install page lists the current ones.
 WHEEL_FOR_MAJOR = {10: "cu128", 11: "cu128", 12: "cu128"}
 DEFAULT_WHEEL = "cu126"
 # Oldest driver each CUDA runtime major version runs on (minor-version compatibility).
@@ -521,8 +521,8 @@ def install_hint(capability: tuple[int, int]) -> str:
         return (f"current PyTorch builds no longer ship kernels for {sm}; use an older PyTorch release whose "
                 "torch.cuda.get_arch_list() lists it, or a newer GPU")
     wheel = WHEEL_FOR_MAJOR.get(capability[0], DEFAULT_WHEEL)
-    return (f"install a build with {sm} kernels: pip install --force-reinstall torch "
-            f"--index-url https://download.pytorch.org/whl/{wheel} (check torch.cuda.get_arch_list())")
+    return (f"install a PyTorch build with {sm} kernels: the {wheel} wheel from PyTorch's own wheel index "
+            "(see PyTorch's install page), then check torch.cuda.get_arch_list()")
 
 
 def parse_driver_version(text: str | None) -> str | None:
@@ -617,8 +617,8 @@ def _no_gpu_check(facts: TorchFacts, build: str) -> Check:
                      "if this machine has a GPU: in a container, start it with --gpus all")
     if not facts["cuda_build"] and not facts["hip_build"]:
         return check("gpu", "warn", f"{build}, but an NVIDIA driver ({driver}) is installed: this PyTorch "
-                     "cannot use the GPU", f"install a CUDA build: pip install --force-reinstall torch "
-                     f"--index-url https://download.pytorch.org/whl/{DEFAULT_WHEEL}")
+                     "cannot use the GPU", f"install a CUDA build of PyTorch (for example the {DEFAULT_WHEEL} "
+                     "wheel from PyTorch's own wheel index; see PyTorch's install page)")
     return check("gpu", "warn", f"{build} and NVIDIA driver {driver}, but no GPU is available to PyTorch",
                  "check nvidia-smi; make sure CUDA_VISIBLE_DEVICES is not empty; in a container start it with "
                  "--gpus all; the driver must be new enough for this CUDA runtime")

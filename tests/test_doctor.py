@@ -303,7 +303,7 @@ def test_gpu_checks_without_gpu():
     [line] = gpu_checks(cpu_build)
     assert line["status"] == "info" and "no GPU" in line["message"]
     [wrong_build] = gpu_checks({**cpu_build, "driver_version": "550.54.15"})
-    assert wrong_build["status"] == "warn" and "whl/cu" in wrong_build["fix"]
+    assert wrong_build["status"] == "warn" and "cu126" in wrong_build["fix"]
     [hidden] = gpu_checks(facts(cuda_available=False, devices=[], kernels=None))
     assert hidden["status"] == "warn" and "--gpus" in hidden["fix"]
     [laptop] = gpu_checks(facts(cuda_available=False, devices=[], kernels=None, driver_version=None))
