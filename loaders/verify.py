@@ -12,19 +12,13 @@ from PIL import Image
 from tqdm import tqdm
 
 from packer.errors import PackFormatError
-from packer.format import PAYLOAD_FORMATS, decode_record_header, entry_path
+from packer.format import PAYLOAD_FORMATS
+from packer.pipeline import decode_record_header, entry_path, pack_size
 
 from .decode import decode_pil
 from .read import PackReader
 
 HASH_BLOCK = 8 << 20
-
-
-def pack_size(path: Path) -> int:
-    """Bytes the pack takes: the LMDB file, or every file of the shards folder."""
-    if path.is_dir():
-        return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
-    return path.stat().st_size
 
 
 def info(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -19,11 +19,10 @@ import numpy as np
 from PIL import Image
 
 from .format import ENCODINGS, RAW_CHANNELS
-from .probe import BombError, probe
+from .probe import EXIF_ORIENTATION, BombError, probe
 from .scan import Sample
 
 CHECKS = ("fast", "full")
-EXIF_ORIENTATION = 0x0112
 
 
 @dataclass(frozen=True)

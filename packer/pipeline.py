@@ -27,7 +27,7 @@ from .encode import Encoded, EncodeOptions, Skipped, encode_chunk
 from .errors import PackFormatError, SkippedFileError, UsageError, WriteError
 from .format import FORMAT_NAME, FORMAT_VERSION, RecordMeta
 from .scan import Sample, ScanResult, printable, scan_folder
-from .write_lmdb import LmdbWriter
+from .write_lmdb import LmdbWriter, remove_lock_file
 from .write_shards import ShardsWriter, fsync_dir
 
 DEFAULT_SHARD_SIZE = 256 << 20
@@ -177,7 +177,7 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
     elif path.exists() or path.is_symlink():
         path.unlink()
-    Path(str(path) + "-lock").unlink(missing_ok=True)
+    remove_lock_file(path)
 
 
 def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: str | None = None,
@@ -254,7 +254,7 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: s
         raise
     _publish(tmp, dst_path)
     seconds = time.perf_counter() - started
-    pack_bytes = _size_on_disk(dst_path)
+    pack_bytes = pack_size(dst_path)
     return {
         "destination": str(dst_path),
         "backend": backend,
@@ -272,7 +272,8 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: s
     }
 
 
-def _size_on_disk(path: Path) -> int:
+def pack_size(path: Path) -> int:
+    """Bytes the pack takes: the LMDB file, or every file of the shards folder."""
     if path.is_dir():
         return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
     return path.stat().st_size
