@@ -12,8 +12,8 @@ from PIL import Image
 from tqdm import tqdm
 
 from packer.errors import PackFormatError
-from packer.format import PAYLOAD_FORMATS
-from packer.pipeline import decode_record_header, entry_path, pack_size
+from packer.format import PAYLOAD_FORMATS, decode_record_header, entry_path
+from packer.pipeline import pack_size
 
 from .decode import decode_pil
 from .read import PackReader
