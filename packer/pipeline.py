@@ -15,18 +15,19 @@ import shutil
 import time
 from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
-from . import __version__
+from . import __version__, encode
 from .encode import Encoded, EncodeOptions, Skipped, encode_chunk
 from .errors import PackFormatError, SkippedFileError, UsageError, WriteError
 from .format import FORMAT_NAME, FORMAT_VERSION, RecordMeta
 from .scan import Sample, ScanResult, printable, scan_folder
+from .threads import single_core_torch_pool
 from .write_lmdb import LmdbWriter, remove_lock_file
 from .write_shards import ShardsWriter, fsync_dir
 
@@ -97,16 +98,28 @@ def io_bound(options: EncodeOptions) -> bool:
     return options.encoding == "keep" and options.check == "fast"
 
 
+def use_threads(options: EncodeOptions) -> bool:
+    """True when worker threads beat worker processes: reading and checking only, or re-encoding
+    with libjpeg-turbo (``simplejpeg``), whose decoder and encoder release the GIL like the resize
+    does; threads also spare pickling every payload back to the writer."""
+    return io_bound(options) or (options.encoding != "keep" and encode.simplejpeg is not None)
+
+
 def _encoded_stream(root: Path, samples: list[Sample], start: int, options: EncodeOptions,
                     workers: int) -> Iterator[Encoded | Skipped]:
-    """Encode ``samples[start:]`` in order, on ``workers`` threads (reading and checking only) or
-    processes (decoding and re-encoding), with bounded memory."""
+    """Encode ``samples[start:]`` in order, on ``workers`` threads (see ``use_threads``) or
+    processes, with bounded memory."""
     if workers <= 1:
         for chunk in _tasks(samples, start):
             yield from encode_chunk(str(root), chunk, options)
         return
-    executor = ThreadPoolExecutor if io_bound(options) else ProcessPoolExecutor
-    with executor(max_workers=workers) as pool:
+    if not use_threads(options):
+        pool: Executor = ProcessPoolExecutor(max_workers=workers)
+    elif options.encoding == "keep":
+        pool = ThreadPoolExecutor(max_workers=workers)
+    else:  # re-encoding resizes with torch: one core per thread, or the threads oversubscribe the cores
+        pool = single_core_torch_pool(workers)
+    with pool:
         in_flight: deque[Future[list[Encoded | Skipped]]] = deque()
         tasks = _tasks(samples, start)
         for chunk in tasks:

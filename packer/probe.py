@@ -37,8 +37,9 @@ class BombError(ValueError):
     """The header claims more pixels than PIL's decompression-bomb limit allows."""
 
 
-def _check_pixels(width: int, height: int) -> None:
-    limit = Image.MAX_IMAGE_PIXELS
+def _check_pixels(width: int, height: int, limit: int | None) -> None:
+    if limit is None:
+        limit = Image.MAX_IMAGE_PIXELS
     if limit and width * height > 2 * limit:
         raise BombError(f"Image size ({width * height} pixels) exceeds limit of {2 * limit} pixels, "
                         "could be decompression bomb DOS attack.")
@@ -65,7 +66,7 @@ def _exif_orientation(tiff: bytes) -> int | None:
     return 0
 
 
-def _probe_jpeg(data: bytes) -> ImageHeader | None:
+def _probe_jpeg(data: bytes, limit: int | None) -> ImageHeader | None:
     pos, size = 2, len(data)
     orientation, seen_exif = 0, False
     while pos + 4 <= size:
@@ -93,7 +94,7 @@ def _probe_jpeg(data: bytes) -> ImageHeader | None:
             mode = _JPEG_MODES.get(segment[5])
             if mode is None or width == 0 or height == 0:
                 return None
-            _check_pixels(width, height)
+            _check_pixels(width, height, limit)
             return ImageHeader("JPEG", width, height, mode, orientation)
         elif marker == 0xDA:
             return None  # scan data before any frame header: not plain
@@ -101,7 +102,7 @@ def _probe_jpeg(data: bytes) -> ImageHeader | None:
     return None
 
 
-def _probe_png(data: bytes) -> ImageHeader | None:
+def _probe_png(data: bytes, limit: int | None) -> ImageHeader | None:
     if len(data) < 33 or data[12:16] != b"IHDR":
         return None
     width, height, depth, colour = struct.unpack_from(">IIBB", data, 16)
@@ -113,7 +114,7 @@ def _probe_png(data: bytes) -> ImageHeader | None:
         (length,) = struct.unpack_from(">I", data, pos)
         kind = data[pos + 4 : pos + 8]
         if kind == b"IDAT":
-            _check_pixels(width, height)
+            _check_pixels(width, height, limit)
             return ImageHeader("PNG", width, height, mode, 0)
         if kind in (b"eXIf", b"acTL") or (colour in (0, 2) and kind == b"tRNS"):
             return None
@@ -121,10 +122,11 @@ def _probe_png(data: bytes) -> ImageHeader | None:
     return None
 
 
-def probe(data: bytes) -> ImageHeader | None:
-    """The header of a plain JPEG or PNG, or None to ask PIL. Raises ``BombError`` past PIL's limit."""
+def probe(data: bytes, max_pixels: int | None = None) -> ImageHeader | None:
+    """The header of a plain JPEG or PNG, or None to ask PIL. Raises ``BombError`` past PIL's limit
+    (``Image.MAX_IMAGE_PIXELS``, or ``max_pixels`` when given)."""
     if data[:3] == b"\xff\xd8\xff":
-        return _probe_jpeg(data)
+        return _probe_jpeg(data, max_pixels)
     if data[:8] == _PNG_SIGNATURE:
-        return _probe_png(data)
+        return _probe_png(data, max_pixels)
     return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from .errors import UsageError
 
@@ -18,9 +19,9 @@ from .errors import UsageError
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
-@dataclass(frozen=True)
-class Sample:
-    """One image to pack: its path relative to the source folder and its class index (-1: none)."""
+class Sample(NamedTuple):
+    """One image to pack: its path relative to the source folder and its class index (-1: none).
+    A named tuple: a scan makes one per file, so it must be cheap to create."""
 
     path: str
     label: int

@@ -20,16 +20,17 @@ from typing import Any
 
 import lmdb
 
+from .append_file import start_writeback
 from .encode import Encoded
 from .errors import PackFormatError, WriteError
 from .format import (
     LMDB_CHUNK_PREFIX,
     LMDB_INDEX_KEY,
     LMDB_MANIFEST_KEY,
+    RECORD_HEADER,
     RecordMeta,
     decode_record_header,
     encode_manifest,
-    encode_record,
     lmdb_chunk_key,
 )
 from .index_builder import IndexBuilder
@@ -63,6 +64,10 @@ class _CommitThread:
         self._pending: list[tuple[bytes, bytes]] = []
         self._pending_bytes = 0
         self._error: BaseException | None = None
+        try:  # to start the disk writing each commit early (see start_writeback)
+            self._fd: int | None = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            self._fd = None
         self._thread = threading.Thread(target=self._run, name=f"lmdb {path.name}", daemon=True)
         self._thread.start()
 
@@ -105,6 +110,8 @@ class _CommitThread:
                                  "file-size limit), then rerun with --resume") from None
         self._pending.clear()
         self._pending_bytes = 0
+        if self._fd is not None:
+            start_writeback(self._fd)
 
     def _raise_error(self) -> None:
         if self._error is not None:
@@ -125,6 +132,9 @@ class _CommitThread:
         self._queue.put(("stop", None, done))
         done.wait()
         self._thread.join()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 class LmdbWriter:
@@ -147,14 +157,15 @@ class LmdbWriter:
 
     def write(self, item: Encoded) -> None:
         """Append one record to the current chunk, sealing the chunk when it is full."""
-        meta = RecordMeta(self.index.count, item.label, item.width, item.height, item.format,
-                          item.mode, item.orientation, item.path)
-        head, crc = encode_record(meta, item.payload, item.crc32)
-        if self._chunk_len and self._chunk_len + len(head) + len(item.payload) > self.chunk_size:
+        payload = item.payload
+        payload_len = len(payload)
+        size = RECORD_HEADER.itemsize + len(item.path.encode("utf-8")) + payload_len
+        if self._chunk_len and self._chunk_len + size > self.chunk_size:
             self._seal_chunk()
-        self.index.add(meta, self.chunks, self._chunk_len, len(item.payload), crc)
-        self._pieces += (head, item.payload)
-        self._chunk_len += len(head) + len(item.payload)
+        head = self.index.add_record(item.path, item.label, item.width, item.height, item.format, item.mode,
+                                     item.orientation, payload_len, item.crc32, self.chunks, self._chunk_len)
+        self._pieces += (head, payload)
+        self._chunk_len += size
 
     def _chunk_bytes(self) -> bytes:
         return b"".join(self._pieces)

@@ -25,12 +25,12 @@ from .format import (
     FORMAT_VERSION,
     INDEX_NAME,
     MANIFEST_NAME,
+    RECORD_HEADER,
     SHARD_HEADER,
     SHARD_MAGIC,
     RecordMeta,
     decode_record_header,
     encode_manifest,
-    encode_record,
     shard_name,
 )
 from .index_builder import IndexBuilder
@@ -92,18 +92,17 @@ class ShardsWriter:
 
     def write(self, item: Encoded) -> None:
         """Append one record, starting a new shard when this one would pass ``shard_size``."""
-        meta = RecordMeta(self.index.count, item.label, item.width, item.height, item.format,
-                          item.mode, item.orientation, item.path)
-        head, crc = encode_record(meta, item.payload, item.crc32)
-        size = len(head) + len(item.payload)
+        payload = item.payload
+        payload_len = len(payload)
+        size = RECORD_HEADER.itemsize + len(item.path.encode("utf-8")) + payload_len
         if self._file is None:
             self._open_part(len(self.parts))
         elif self._part_records and self._offset + size > self.shard_size:
             self._close_part()
             self._open_part(len(self.parts))
-        self._file.write(head)
-        self._file.write(item.payload)
-        self.index.add(meta, len(self.parts), self._offset, len(item.payload), crc)
+        head = self.index.add_record(item.path, item.label, item.width, item.height, item.format, item.mode,
+                                     item.orientation, payload_len, item.crc32, len(self.parts), self._offset)
+        self._file.write_pair(head, payload)
         self._offset += size
         self._part_records += 1
 

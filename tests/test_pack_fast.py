@@ -1,0 +1,153 @@
+"""The fast paths of packing give what the plain ones give: record headers and index built in one
+pass, the end-marker shortcut, whole-file reads, and re-encoding with libjpeg-turbo plus PyTorch's
+resize instead of PIL's."""
+
+from __future__ import annotations
+
+import io
+import zlib
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from loaders import PackedImageFolder
+from packer import EncodeOptions, pack
+from packer import encode as encode_module
+from packer.encode import _read_file, _reencode, encode_file, resize_rgb, truncation_problem
+from packer.format import INDEX_ENTRY, RecordMeta, encode_index, encode_record, index_entry
+from packer.index_builder import IndexBuilder
+from packer.pipeline import use_threads
+from packer.scan import Sample
+from tests.image_factory import textured_rgb
+
+
+def _jpeg(pixels: np.ndarray, mode: str = "RGB", quality: int = 92) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(pixels).convert(mode).save(out, "JPEG", quality=quality)
+    return out.getvalue()
+
+
+def test_add_record_matches_encode_record_and_index_entry():
+    builder = IndexBuilder()
+    rows, paths = [], b""
+    cases = [("a/x.jpg", "JPEG", "RGB", 0), ("b/é ü.png", "PNG", "LA", 6), ("c/z.bin", "not-a-format", "L", 0),
+             ("d/raw", "raw", "RGB", 3)]
+    for i, (path, fmt, mode, orientation) in enumerate(cases):
+        payload = bytes(range(i * 37 % 256)) * 3
+        crc = zlib.crc32(payload)
+        head = builder.add_record(path, i - 1, 30 + i, 40 + i, fmt, mode, orientation, len(payload), crc, i % 2,
+                                  1000 * i)
+        meta = RecordMeta(i, i - 1, 30 + i, 40 + i, fmt, mode, orientation, path)
+        assert head == encode_record(meta, payload, crc)[0]
+        rows.append(index_entry(meta, i % 2, 1000 * i, len(payload), crc, len(paths)))
+        paths += path.encode("utf-8")
+    assert builder.count == len(cases)
+    assert builder.to_bytes() == encode_index(np.array(rows, dtype=INDEX_ENTRY), paths)
+    assert builder.labels().tolist() == [-1, 0, 1, 2]
+
+
+def test_add_and_add_record_share_numbering():
+    builder = IndexBuilder()
+    builder.add(RecordMeta(0, 1, 2, 3, "JPEG", "RGB", 0, "p0"), 0, 16, 5, 7)
+    builder.add_record("p1", 1, 2, 3, "JPEG", "RGB", 0, 5, 7, 0, 100)
+    with pytest.raises(ValueError, match="out of order"):
+        builder.add(RecordMeta(5, 1, 2, 3, "JPEG", "RGB", 0, "p5"), 0, 200, 5, 7)
+    assert builder.count == 2 and builder.payload_bytes == 10
+
+
+def test_truncation_shortcut_agrees_with_the_search():
+    good = _jpeg(textured_rgb((40, 30)))
+    assert good.endswith(b"\xff\xd9") and truncation_problem(good, "JPEG") is None
+    assert truncation_problem(good + b"trailing bytes", "JPEG") is None  # end marker, then junk
+    assert "truncated JPEG" in truncation_problem(good[: len(good) * 2 // 3], "JPEG")
+    assert "truncated JPEG" in truncation_problem(good[:-2], "JPEG")
+
+
+def test_read_file_reads_whole_files(tmp_path):
+    for size in (0, 1, 4096, 3 << 20):
+        path = tmp_path / f"f{size}"
+        data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+        path.write_bytes(data)
+        assert _read_file(str(path)) == data
+    with pytest.raises(OSError):
+        _read_file(str(tmp_path / "missing"))
+    with pytest.raises(OSError):
+        _read_file(str(tmp_path))  # a folder
+
+
+@pytest.mark.parametrize("shape", [(302, 308), (500, 375), (257, 256), (64, 1000)])
+def test_resize_rgb_follows_pil_bicubic(shape):
+    pixels = textured_rgb((shape[1], shape[0]), seed=shape[0])
+    target = (max(1, round(shape[1] * 256 / max(shape))), max(1, round(shape[0] * 256 / max(shape))))
+    got = resize_rgb(pixels, target)
+    want = np.asarray(Image.fromarray(pixels).resize(target, Image.Resampling.BICUBIC, reducing_gap=3.0))
+    assert got.shape == want.shape == (target[1], target[0], 3) and got.dtype == np.uint8
+    assert got.flags["C_CONTIGUOUS"]
+    assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
+
+
+def test_resize_rgb_enlarges_with_pil():
+    pixels = textured_rgb((10, 8))
+    want = np.asarray(Image.fromarray(pixels).resize((20, 30), Image.Resampling.BICUBIC))
+    assert np.array_equal(resize_rgb(pixels, (20, 30)), want)
+
+
+needs_simplejpeg = pytest.mark.skipif(encode_module.simplejpeg is None, reason="simplejpeg not installed")
+
+
+@needs_simplejpeg
+@pytest.mark.parametrize("encoding", ["jpeg", "raw", "png"])
+@pytest.mark.parametrize("mode", ["RGB", "L"])
+@pytest.mark.parametrize("size", [(500, 375), (375, 500), (300, 200), (200, 120), (1100, 700)])
+def test_fast_reencode_is_close_to_pil(tmp_path, encoding, mode, size):
+    """libjpeg-turbo + PyTorch's resize vs PIL's draft + resize: the same size, nearly the same pixels."""
+    data = _jpeg(textured_rgb(size, seed=size[0]), mode)
+    (tmp_path / "x.jpg").write_bytes(data)
+    options = EncodeOptions(encoding=encoding, max_side=256)
+    fast = encode_file(str(tmp_path), Sample("x.jpg", 0), options)
+    with Image.open(io.BytesIO(data)) as image:
+        payload, width, height, out_mode, fmt = _reencode(image, options)
+    assert (fast.width, fast.height, fast.mode, fast.format) == (width, height, out_mode, fmt)
+    assert max(width, height) == min(256, max(size)) and fast.crc32 == zlib.crc32(fast.payload)
+    if encoding == "raw":
+        got, want = (np.frombuffer(p, np.uint8).reshape(height, width, 3) for p in (fast.payload, payload))
+    else:
+        got, want = (np.asarray(Image.open(io.BytesIO(p)).convert("RGB")) for p in (fast.payload, payload))
+    assert got.shape == want.shape
+    diff = np.abs(got.astype(int) - want.astype(int))
+    if encoding == "jpeg":  # two JPEG encoders' rounding on top of the resize's
+        assert diff.mean() < 0.5, (size, mode)
+    else:  # lossless: only the resize differs, by at most 1
+        assert diff.max() <= 1, (size, mode)
+    if mode == "L":
+        assert np.array_equal(got[..., 0], got[..., 2])
+
+
+@needs_simplejpeg
+def test_fast_reencode_leaves_bad_files_to_pil(tmp_path):
+    data = _jpeg(textured_rgb((300, 200)))
+    (tmp_path / "cut.jpg").write_bytes(data[: len(data) // 2])
+    (tmp_path / "cmyk.jpg").write_bytes(_jpeg(textured_rgb((300, 200)), "CMYK"))
+    options = EncodeOptions(encoding="jpeg", max_side=128)
+    assert "truncated JPEG" in encode_file(str(tmp_path), Sample("cut.jpg", 0), options).reason
+    cmyk = encode_file(str(tmp_path), Sample("cmyk.jpg", 0), options)
+    assert (cmyk.width, cmyk.mode) == (128, "RGB")
+
+
+@needs_simplejpeg
+def test_max_side_pack_on_threads(tmp_path):
+    """Re-encoding runs on threads when libjpeg-turbo is there; the pack reads back at the right sizes."""
+    src = tmp_path / "src"
+    sizes = [(400, 300), (300, 400), (100, 80), (640, 100)]
+    for k, size in enumerate(sizes):
+        (src / f"c{k % 2}").mkdir(parents=True, exist_ok=True)
+        (src / f"c{k % 2}" / f"{k}.jpg").write_bytes(_jpeg(textured_rgb(size, seed=k)))
+    for encoding in ("jpeg", "raw"):
+        options = EncodeOptions(encoding=encoding, max_side=200)
+        assert use_threads(options)
+        dst = tmp_path / f"{encoding}.shards"
+        pack(src, dst, options=options, workers=2, progress=False)
+        ds = PackedImageFolder(dst, output="numpy")
+        got = sorted(ds[i][0].shape[:2] for i in range(len(ds)))
+        assert got == sorted([(150, 200), (200, 150), (80, 100), (31, 200)])
