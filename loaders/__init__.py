@@ -8,16 +8,20 @@ from __future__ import annotations
 
 from .batches import PackBatches, batch_loader
 from .collate import collate_uint8
+from .crop import CenterCrop
 from .dataset import PackedImageFolder
 from .decode import fast_jpeg_available
 from .gpu_step import DummyStep
+from .pack_loader import PackLoader
 from .read import PackReader
 from .sampler import PackSampler, shuffle_quality
 from .tune import TuneResult, load_loader_config, tune
 
 __all__ = [
+    "CenterCrop",
     "DummyStep",
     "PackBatches",
+    "PackLoader",
     "PackReader",
     "PackSampler",
     "PackedImageFolder",

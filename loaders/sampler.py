@@ -220,6 +220,15 @@ class PackSampler(torch.utils.data.Sampler[int]):
         self._cursor = _Cursor(epoch=self._epoch, start=start, position=start)
         return self._walk(self.epoch_order()[start:], self._cursor)
 
+    def begin_epoch(self) -> np.ndarray:
+        """Start an iteration as ``__iter__`` does, but return this rank's remaining order for the
+        epoch as one int64 array (for loaders that cut whole batches from it). The loader reports
+        progress by passing ``consumed`` to :meth:`state_dict`."""
+        start = self._resume.start if self._resume is not None else 0
+        self._resume = None
+        self._cursor = _Cursor(epoch=self._epoch, start=start, position=start)
+        return self.epoch_order()[start:]
+
     @staticmethod
     def _walk(order: np.ndarray, cursor: _Cursor) -> Iterator[int]:
         """Yield ``order`` as Python ints, counting each one in ``cursor`` before it is handed out."""

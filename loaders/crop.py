@@ -1,0 +1,113 @@
+"""Centre crop + resize of uint8 images, written straight into a slot of a batch.
+
+``CenterCrop(224)`` takes the centred square whose side is ``ratio`` (default 224/256) of the
+image's shorter side and resizes it to 224×224: the evaluation crop of ImageNet training,
+``Resize(256) + CenterCrop(224)``, done in one resampling of only the pixels that are kept. The
+geometry is FFCV's ``CenterCropRGBImageDecoder((224, 224), ratio=224/256)``: the square's side is
+``int(ratio * short side)`` and its corner ``((h - side) // 2, (w - side) // 2)``; torchvision's
+``Resize(256) + CenterCrop(224)`` places the same square up to sub-pixel rounding (under one
+source pixel). Resampling is bilinear with antialiasing, by ``torch.nn.functional.interpolate``
+(what torchvision's tensor ``Resize(antialias=True)`` does), so pixels agree with a PIL bilinear
+resize of the same square to within a few levels.
+
+The same function serves the drop-in path (``CenterCrop`` as a ``transform``) and the fast batch
+path (``PackLoader(..., crop=CenterCrop(224))``), so both give identical pixels from identical
+decoded images. torch releases the GIL while it resizes, so threads scale.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+
+@dataclass(frozen=True)
+class CenterCrop:
+    """A centred square of ``ratio`` × the shorter side, resized to ``size`` × ``size``.
+
+    Usable as a ``transform`` on PIL images, HxWx3 uint8 arrays or 3xHxW uint8 tensors (it returns
+    an HxWx3 uint8 array), and as the ``crop`` of ``PackLoader``/``get_batch``.
+    """
+
+    size: int = 224
+    ratio: float = 224 / 256
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.size, int) or isinstance(self.size, bool) or self.size < 1:
+            raise ValueError(f"crop size must be a positive int, got {self.size!r}")
+        if not 0 < self.ratio <= 1:
+            raise ValueError(f"crop ratio must be in (0, 1], got {self.ratio!r}")
+
+    def window(self, height: int, width: int) -> tuple[int, int, int]:
+        """(top, left, side) of the square taken from a ``height`` × ``width`` image."""
+        side = max(1, int(self.ratio * min(height, width)))
+        return (height - side) // 2, (width - side) // 2, side
+
+    def decode_scale(self, height: int, width: int) -> float:
+        """The smallest fraction of full size a JPEG may be decoded at without losing pixels the
+        crop needs: the crop's square must still be at least ``size`` on a side (1.0 when the
+        crop enlarges)."""
+        return min(1.0, self.size / (self.ratio * min(height, width)))
+
+    def min_decode_size(self, height: int, width: int) -> tuple[int, int]:
+        """(min height, min width) to ask a scaling JPEG decoder for, from ``decode_scale``."""
+        scale = self.decode_scale(height, width)
+        if scale >= 1.0:
+            return height, width
+        return math.ceil(height * scale), math.ceil(width * scale)
+
+    def into(self, image: np.ndarray, out: torch.Tensor) -> None:
+        """Crop and resize HxWx3 uint8 ``image`` into ``out`` (a 3×size×size uint8 tensor view of
+        any memory layout, e.g. one slot of a batch)."""
+        height, width = image.shape[:2]
+        top, left, side = self.window(height, width)
+        square = image[top : top + side, left : left + side]
+        if side == self.size:
+            np.copyto(out.numpy(), square.transpose(2, 0, 1))
+            return
+        _resize_into(np.ascontiguousarray(square), out)
+
+    def __call__(self, image: Image.Image | np.ndarray | torch.Tensor) -> np.ndarray:
+        array = _hwc_uint8(image)
+        out = torch.empty((self.size, self.size, 3), dtype=torch.uint8)
+        self.into(array, out.permute(2, 0, 1))
+        return out.numpy()
+
+
+def _hwc_uint8(image: Any) -> np.ndarray:
+    """An HxWx3 uint8 array from a PIL image, an HxWx3 array or a 3xHxW uint8 tensor."""
+    if isinstance(image, torch.Tensor):
+        if image.dtype != torch.uint8 or image.dim() != 3 or image.shape[0] != 3:
+            raise ValueError(f"expected a 3xHxW uint8 tensor, got {image.dtype} {tuple(image.shape)}")
+        return image.permute(1, 2, 0).numpy()
+    if isinstance(image, Image.Image):
+        image = image.convert("RGB") if image.mode != "RGB" else image
+    array = np.asarray(image)
+    if array.dtype != np.uint8 or array.ndim != 3 or array.shape[2] != 3:
+        raise ValueError(f"expected an HxWx3 uint8 image, got {array.dtype} {array.shape}")
+    return array
+
+
+def _resize_into(image: np.ndarray, out: torch.Tensor) -> None:
+    """Bilinear, antialiased resize of HxWx3 uint8 ``image`` into ``out`` (3×h×w uint8 view).
+
+    torch's fast uint8 kernel runs when input and output are channels-last; writing straight into
+    a channels-last ``out`` (a slot of a channels-last batch) also saves a copy. Same pixels as
+    ``F.interpolate(..., mode="bilinear", antialias=True)``, which is the fallback."""
+    nchw = torch.from_numpy(image).permute(2, 0, 1).unsqueeze(0)
+    target = out.unsqueeze(0)
+    size = (int(out.shape[1]), int(out.shape[2]))
+    if target.is_contiguous(memory_format=torch.channels_last):
+        try:
+            torch._C._nn._upsample_bilinear2d_aa(nchw.contiguous(memory_format=torch.channels_last), size, False,
+                                                 None, None, out=target)
+            return
+        except (AttributeError, TypeError, RuntimeError):  # an older or newer torch without this overload
+            pass
+    out.copy_(torch.nn.functional.interpolate(nchw, size=size, mode="bilinear", antialias=True,
+                                              align_corners=False)[0])

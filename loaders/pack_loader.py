@@ -1,0 +1,176 @@
+"""``PackLoader``: whole uint8 batches from a pack, built in threads, in place of a DataLoader.
+
+A DataLoader moves every batch from a worker process to the training process through shared
+memory and a pipe, and that per-batch cost caps small-image pipelines far below what the disk and
+the CPU could give. ``PackLoader`` builds the same batches in a pool of threads inside the training
+process: raw pixels are gathered straight from the memory map, and JPEG decoding (libjpeg-turbo)
+and resizing (torch) release the GIL, so the threads run in parallel. The order comes from the
+dataset's ``PackSampler`` (same seed, same order as the DataLoader path; DDP rank split; mid-epoch
+resume through ``state_dict``).
+
+    loader = PackLoader(ds, 256, crop=CenterCrop(224), threads=8)
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        for images, labels in loader:          # B×3×224×224 uint8 (channels-last), B int64
+            ...
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections import deque
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import torch
+
+from packer.threads import single_core_torch_pool
+
+from .crop import CenterCrop
+from .dataset import PackedImageFolder
+from .measure import usable_cores
+from .sampler import PackSampler
+
+
+class PackLoader:
+    """Batches ``(B×3×H×W uint8, B int64)`` of a ``PackedImageFolder``, built by ``threads`` threads.
+
+    Args:
+        dataset: the pack to read (its ``transform`` is not used: give ``crop`` instead, or use a
+            pack whose images are all one size, such as ``--encoding raw --size 32x32``).
+        batch_size: samples per batch.
+        sampler: the order; defaults to ``dataset.sampler()`` (block-shuffled, rank-aware).
+        crop: a ``CenterCrop`` (or an int, the crop's side) applied to every image.
+        threads: threads building batches; 0 builds them in the loop's own thread. Default: the
+            usable CPU cores when images are decoded or cropped, else 0 (copying raw pixels or
+            stored bytes is quickest without handing batches between threads).
+        prefetch: batches being built ahead of the training loop; default ``2 * threads``.
+        drop_last: drop a last batch smaller than ``batch_size``.
+        channels_last: batches in channels-last memory (shape still B×3×H×W): no transpose copy,
+            and what convolutions on a GPU prefer. False gives contiguous NCHW.
+        pin_memory: allocate batches in page-locked memory so ``.cuda(non_blocking=True)``
+            overlaps the copy (ignored, with a warning, when CUDA is unavailable).
+        encoded: yield the stored payloads undecoded, ``(data, offsets, labels)`` as
+            ``PackedImageFolder.get_encoded_batch`` gives them (for decoding on the GPU).
+
+    Batches are freshly allocated: a batch kept by the training loop is never overwritten.
+    """
+
+    def __init__(self, dataset: PackedImageFolder, batch_size: int, *, sampler: PackSampler | None = None,
+                 crop: CenterCrop | int | None = None, threads: int | None = None, prefetch: int | None = None,
+                 drop_last: bool = False, channels_last: bool = True, pin_memory: bool = False,
+                 encoded: bool = False) -> None:
+        if not isinstance(dataset, PackedImageFolder):
+            raise TypeError(f"PackLoader reads a PackedImageFolder, got {type(dataset).__name__}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.sampler = sampler if sampler is not None else dataset.sampler()
+        self.crop = CenterCrop(crop) if isinstance(crop, int) else crop
+        self.encoded = encoded
+        if encoded and self.crop is not None:
+            raise ValueError("encoded=True yields the stored bytes: a crop cannot apply; drop one of them")
+        copy_only = encoded or (self.crop is None and dataset.encoding == "raw" and not dataset.exif_transpose)
+        if threads is None:
+            threads = 0 if copy_only else usable_cores()
+        self.threads = int(threads)
+        if self.threads < 0:
+            raise ValueError(f"threads must be 0 (build batches in the loop's own thread) or more, got {threads}")
+        self.prefetch = max(1, 2 * self.threads) if prefetch is None else int(prefetch)
+        if self.prefetch < 1:
+            raise ValueError(f"prefetch must be at least 1, got {prefetch}")
+        self.drop_last = drop_last
+        self.channels_last = channels_last
+        self.pin_memory = pin_memory and torch.cuda.is_available()
+        if pin_memory and not self.pin_memory:
+            warnings.warn("pin_memory=True ignored: CUDA is not available, batches stay in pageable memory",
+                          stacklevel=2)
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_pid = 0
+        self._start = 0  # position in the epoch where the current iteration began
+        self._consumed = 0  # samples of the current iteration handed to the training loop
+
+    def __len__(self) -> int:
+        """Batches per epoch for this rank (from the start of the epoch)."""
+        samples = len(self.sampler)
+        return samples // self.batch_size if self.drop_last else -(-samples // self.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch the next iteration reads (as ``PackSampler.set_epoch``)."""
+        self.sampler.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the training loop stands: resume with ``load_state_dict`` at the next unseen sample
+        (batches built ahead but not yet handed out are not counted as seen)."""
+        return self.sampler.state_dict(consumed=self._start + self._consumed)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Make the next iteration continue ``state``'s epoch where it stopped."""
+        self.sampler.load_state_dict(state)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        self._start = self.sampler.start_position
+        order = self.sampler.begin_epoch()
+        self._consumed = 0
+        stop = len(order) - len(order) % self.batch_size if self.drop_last else len(order)
+        starts = range(0, stop, self.batch_size)
+        return self._batches(order, starts)
+
+    def _batches(self, order: np.ndarray, starts: range) -> Iterator[tuple[torch.Tensor, ...]]:
+        if self.threads == 0:
+            for start in starts:
+                batch = self._build(order[start : start + self.batch_size])
+                self._consumed += len(batch[-1])
+                yield batch
+            return
+        pool = self._executor()
+        pending: deque[Future[tuple[torch.Tensor, ...]]] = deque()
+        upcoming = iter(starts)
+        try:
+            for start in upcoming:
+                pending.append(pool.submit(self._build, order[start : start + self.batch_size]))
+                if len(pending) >= self.prefetch:
+                    break
+            while pending:
+                batch = pending.popleft().result()
+                start = next(upcoming, None)
+                if start is not None:
+                    pending.append(pool.submit(self._build, order[start : start + self.batch_size]))
+                self._consumed += len(batch[-1])  # the labels
+                yield batch
+        finally:
+            for future in pending:
+                future.cancel()
+
+    def _build(self, indices: np.ndarray) -> tuple[torch.Tensor, ...]:
+        """One batch, in a pool thread."""
+        if self.encoded:
+            return self.dataset.get_encoded_batch(indices, pin_memory=self.pin_memory)
+        return self.dataset.get_batch(indices, crop=self.crop, channels_last=self.channels_last,
+                                      pin_memory=self.pin_memory)
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None or self._pool_pid != os.getpid():  # threads do not survive a fork
+            self._pool = single_core_torch_pool(self.threads)
+            self._pool_pid = os.getpid()
+        return self._pool
+
+    def close(self) -> None:
+        """Stop the threads (the loader can still be iterated again; they restart)."""
+        if self._pool is not None and self._pool_pid == os.getpid():
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pool = None
+
+    def __enter__(self) -> PackLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"PackLoader({self.dataset!r}, batch_size={self.batch_size}, threads={self.threads}, "
+                f"crop={self.crop!r}, channels_last={self.channels_last})")
