@@ -1,6 +1,7 @@
 """packload's writer side: turn a folder of images into a pack (an LMDB file or shards folder).
 
-``pack(src, dst)`` is the whole job; ``packer.format`` defines what it writes.
+``pack(src, dst)`` is the whole job (``pack_ray`` the same on Ray tasks, ``merge`` joins packs);
+``packer.format`` defines what it writes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from .errors import (  # noqa: E402
     UsageError,
     WriteError,
 )
+from .merge import merge  # noqa: E402
 from .pipeline import pack  # noqa: E402
+from .ray_engine import pack_ray  # noqa: E402
 
 __all__ = [
     "ChecksumError",
@@ -29,5 +32,7 @@ __all__ = [
     "UsageError",
     "WriteError",
     "__version__",
+    "merge",
     "pack",
+    "pack_ray",
 ]

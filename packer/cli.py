@@ -72,8 +72,27 @@ def add_pack_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace DEST (and any unfinished pack of it)")
     p.add_argument("--resume", action="store_true", help="finish an interrupted pack of DEST")
     p.add_argument("--strict", action="store_true", help="stop at the first file that cannot be packed")
+    p.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help="local: worker processes on this machine (default); ray: Ray tasks, on a cluster with "
+                        "--ray-address (source and destination on storage every node sees)")
+    p.add_argument("--ray-address", metavar="ADDR",
+                   help="Ray cluster to use with --engine ray ('auto': the running one; default: start a local one)")
+    p.add_argument("--task-files", type=int, metavar="N",
+                   help="files per Ray task with --engine ray (default: about two tasks per CPU of the cluster)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     p.add_argument("--json", action="store_true", help="print a machine-readable summary")
+
+
+def _pack_with_ray(args: argparse.Namespace, options: Any) -> dict[str, Any]:
+    from .ray_engine import pack_ray
+
+    for flag, value in (("--resume", args.resume), ("--workers", args.workers is not None)):
+        if value:
+            raise UsageError(f"{flag} does not apply to --engine ray (Ray runs one task per CPU and cannot "
+                             "resume); drop it, or pack with --engine local")
+    return pack_ray(args.src, args.dst, backend=args.format, options=options, shard_size=args.shard_size,
+                    overwrite=args.overwrite, strict=args.strict, progress=not (args.quiet or args.json),
+                    address=args.ray_address, task_files=args.task_files)
 
 
 def run_pack(args: argparse.Namespace) -> int:
@@ -85,9 +104,14 @@ def run_pack(args: argparse.Namespace) -> int:
                                 max_side=args.max_side, size=args.size, max_pixels=args.max_pixels)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    result = pack(args.src, args.dst, backend=args.format, options=options, workers=args.workers,
-                  shard_size=args.shard_size, overwrite=args.overwrite, resume=args.resume,
-                  strict=args.strict, progress=not (args.quiet or args.json))
+    if args.engine == "ray":
+        result = _pack_with_ray(args, options)
+    else:
+        if args.ray_address or args.task_files is not None:
+            raise UsageError("--ray-address and --task-files apply to --engine ray; add --engine ray")
+        result = pack(args.src, args.dst, backend=args.format, options=options, workers=args.workers,
+                      shard_size=args.shard_size, overwrite=args.overwrite, resume=args.resume,
+                      strict=args.strict, progress=not (args.quiet or args.json))
     lines = [f"packed {result['records']} images ({result['classes']} classes) into {result['destination']} "
              f"[{result['backend']}, {result['encoding']}] in {result['seconds']:.1f} s: "
              f"{result['files_per_s']:.0f} files/s, {result['mb_per_s']:.0f} MB/s; "
@@ -169,6 +193,33 @@ def run_unpack(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- merge -----------------------------------------------------------------------------------
+def _add_merge(sub: Any) -> None:
+    p = sub.add_parser("merge", help="join packs made separately into one (classes united, no re-encoding)",
+                       description="Join packs into OUT, records in the order given. Classes become the sorted "
+                                   "union (labels remapped); shards are reused, LMDB records copied.")
+    p.add_argument("out", help="OUT.lmdb for one LMDB file, any other name for a shards folder")
+    p.add_argument("packs", nargs="+", help="the packs to join (.lmdb files or shards folders), in order")
+    p.add_argument("--format", choices=("lmdb", "shards"), help="override the backend OUT's suffix picks")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    p.add_argument("--json", action="store_true", help="print a machine-readable summary")
+    p.set_defaults(run=run_merge)
+
+
+def run_merge(args: argparse.Namespace) -> int:
+    from .merge import merge
+
+    result = merge(args.out, args.packs, backend=args.format, overwrite=args.overwrite,
+                   progress=not (args.quiet or args.json))
+    lines = [f"merged {len(result['inputs'])} packs into {result['destination']} [{result['backend']}, "
+             f"{result['encoding']}]: {result['records']} records, {result['classes']} classes"
+             + (f", labels remapped in {result['remapped']}" if result["remapped"] else "")
+             + f", {result['pack_bytes'] / 1e6:.1f} MB in {result['seconds']:.1f} s"]
+    _emit(args, result, lines)
+    return EXIT_OK
+
+
 # -- demo ------------------------------------------------------------------------------------
 def _add_demo(sub: Any) -> None:
     p = sub.add_parser("demo", help="generate a demo dataset, pack it, load it, and report the speed-up")
@@ -246,8 +297,8 @@ def run_doctor(args: argparse.Namespace) -> int:
     return run(args)  # a diagnosis: exit 0 whatever it finds
 
 
-COMMANDS: tuple[Callable[[Any], None], ...] = (_add_pack, _add_info, _add_verify, _add_unpack, _add_tune,
-                                               _add_doctor, _add_demo)
+COMMANDS: tuple[Callable[[Any], None], ...] = (_add_pack, _add_merge, _add_info, _add_verify, _add_unpack,
+                                               _add_tune, _add_doctor, _add_demo)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -294,5 +345,5 @@ def pack_main(argv: Sequence[str] | None = None) -> int:
 def module_main(argv: Sequence[str] | None = None) -> int:
     """``python -m packer``: ``packload`` when the first word is a subcommand, else ``pack``."""
     words = list(sys.argv[1:] if argv is None else argv)
-    names = {"pack", "info", "verify", "unpack", "doctor", "tune", "demo", "-h", "--help", "--version"}
+    names = {"pack", "merge", "info", "verify", "unpack", "doctor", "tune", "demo", "-h", "--help", "--version"}
     return main(words) if words and words[0] in names else pack_main(words)

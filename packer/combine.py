@@ -1,0 +1,193 @@
+"""Join already-written records into one pack without re-encoding: used by ``merge`` and by the
+Ray engine.
+
+A shard can be reused as it is only where nothing in it changes. Otherwise it is moved or copied,
+then patched in place: the shard header's part number, and in each record header the record
+number and (when classes are remapped) the label, with the header CRC recomputed; the payload
+bytes never change. Records can also be copied one by one into any writer (an LMDB destination,
+or an LMDB source).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+import shutil
+import struct
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .encode import Encoded
+from .errors import PackFormatError
+from .format import (
+    INDEX_ENTRY,
+    PAYLOAD_FORMATS,
+    RECORD_HEADER,
+    RECORD_MAGIC,
+    SHARD_MAGIC,
+    encode_index,
+    shard_name,
+)
+
+_HEAD = RECORD_HEADER.itemsize
+_U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
+
+
+@dataclass
+class ShardSource:
+    """Shards written elsewhere, to become parts of a new pack: their folder, their manifest
+    entries (``name``, ``size``, ``sha256``, ``records``), their index and a label map
+    (``label_map[old] == new``; None keeps the labels)."""
+
+    folder: Path
+    parts: list[dict[str, Any]]
+    entries: np.ndarray
+    paths: bytes
+    label_map: np.ndarray | None = None
+
+    def mapped_labels(self) -> np.ndarray:
+        """The labels the records get in the new pack (-1 stays -1)."""
+        labels = self.entries["label"].astype(np.int64)
+        if self.label_map is None:
+            return labels
+        return np.where(labels >= 0, self.label_map[np.maximum(labels, 0)], labels)
+
+
+def label_map(old: list[str], new: list[str]) -> np.ndarray | None:
+    """``old`` class indices → indices into ``new`` (a superset); None when nothing moves."""
+    position = {name: i for i, name in enumerate(new)}
+    mapping = np.array([position[name] for name in old], dtype=np.int64)
+    return None if np.array_equal(mapping, np.arange(len(old))) else mapping
+
+
+def _patch_shard(path: Path, part: int, rows: np.ndarray, first_record: int, new_first: int,
+                 mapping: np.ndarray | None, check: bool = True) -> str:
+    """Renumber shard ``path`` in place as part ``part`` whose records start at ``new_first``
+    (they were numbered from ``first_record``), mapping labels; return its new SHA-256. With
+    ``check`` each header is checked (magic, CRC, number) before it is rewritten."""
+    with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0) as data:
+        if len(data) < 16 or data[:4] != SHARD_MAGIC:
+            raise PackFormatError(f"{path}: not a packload shard; the pack is damaged")
+        struct.pack_into("<I", data, 8, part)
+        offsets, path_lens = rows["record_offset"].tolist(), rows["path_len"].tolist()
+        for i, (offset, path_len) in enumerate(zip(offsets, path_lens, strict=True)):
+            end = offset + _HEAD + path_len
+            body = bytearray(data[offset + 8 : end])
+            if check and (data[offset : offset + 4] != RECORD_MAGIC or body[:8] != _U64.pack(first_record + i)
+                          or zlib.crc32(body) != _U32.unpack_from(data, offset + 4)[0]):
+                raise PackFormatError(f"{path}: record header at offset {offset} is damaged; "
+                                      "run `packload verify` on this pack and copy or re-pack it")
+            _U64.pack_into(body, 0, new_first + i)
+            if mapping is not None:
+                label, = struct.unpack_from("<i", body, 20)
+                if label >= 0:
+                    struct.pack_into("<i", body, 20, int(mapping[label]))
+            data[offset + 4 : end] = _U32.pack(zlib.crc32(body)) + body
+        data.flush()
+        digest = hashlib.sha256(data).hexdigest()
+        os.fsync(f.fileno())
+    return digest
+
+
+def place_shards(source: ShardSource, out: Path, part_base: int, record_base: int,
+                 move: bool = False) -> list[dict[str, Any]]:
+    """Put ``source``'s shards into ``out`` as parts ``part_base``, ``part_base + 1``, … holding
+    records from ``record_base`` on. ``move`` renames the files (they are ours to change, just
+    written: their headers are not checked again); otherwise a shard that needs no change is
+    hard-linked (copied across file systems) and any other is copied and checked, so the source
+    pack is never modified. Returns the new manifest entries."""
+    placed = []
+    first = 0
+    bounds = np.searchsorted(source.entries["part"], np.arange(len(source.parts) + 1))  # parts ascend
+    for k, part in enumerate(source.parts):
+        rows = source.entries[bounds[k] : bounds[k + 1]]
+        src, dst = source.folder / part["name"], out / shard_name(part_base + k)
+        unchanged = part_base + k == k and record_base == 0 and source.label_map is None
+        if not part.get("sha256"):  # written without a hash: compute it (a patch in place that changes nothing)
+            unchanged = False
+        if move:
+            os.replace(src, dst)
+        elif unchanged:
+            try:
+                os.link(src, dst)
+            except OSError:  # another file system: a copy, durable before any manifest names it
+                shutil.copyfile(src, dst)
+                with open(dst, "rb") as f:
+                    os.fsync(f.fileno())
+        else:
+            shutil.copyfile(src, dst)
+        sha = part["sha256"] if unchanged else _patch_shard(
+            dst, part_base + k, rows, first, record_base + first, source.label_map, check=not move)
+        placed.append({"name": dst.name, "records": int(len(rows)), "sha256": sha, "size": dst.stat().st_size})
+        first += len(rows)
+    return placed
+
+
+def joined_index(sources: Iterable[ShardSource], part_bases: Iterable[int]) -> tuple[bytes, np.ndarray]:
+    """The index of the joined pack (parts renumbered, labels mapped, paths concatenated), and the
+    labels of all its records."""
+    tables, blobs = [], []
+    paths_len = 0
+    for source, base in zip(sources, part_bases, strict=True):
+        table = np.array(source.entries, dtype=INDEX_ENTRY, copy=True)
+        table["part"] += base
+        table["label"] = source.mapped_labels()
+        table["path_offset"] += paths_len
+        tables.append(table)
+        blobs.append(source.paths)
+        paths_len += len(source.paths)
+    entries = np.concatenate(tables) if tables else np.zeros(0, INDEX_ENTRY)
+    return encode_index(entries, b"".join(blobs)), entries["label"].astype(np.int64)
+
+
+def copy_records(entries: np.ndarray, paths: bytes, payload: Callable[[int], Any], write: Callable[[Encoded], None],
+                 mapping: np.ndarray | None = None) -> int:
+    """Hand every record to ``write`` (a backend writer's ``write``) in order, payload bytes as
+    stored, labels mapped; returns the payload bytes copied. ``payload(i)`` gives record ``i``'s."""
+    copied = 0
+    columns = {name: entries[name].tolist() for name in
+               ("label", "width", "height", "format", "orientation", "mode", "path_offset", "path_len",
+                "payload_crc32")}
+    for i in range(len(entries)):
+        label = columns["label"][i]
+        if mapping is not None and label >= 0:
+            label = int(mapping[label])
+        start = columns["path_offset"][i]
+        data = bytes(payload(i))
+        write(Encoded(path=paths[start : start + columns["path_len"][i]].decode("utf-8"), label=label,
+                      payload=data, width=columns["width"][i], height=columns["height"][i],
+                      mode=columns["mode"][i].rstrip(b"\0").decode("ascii"),
+                      format=PAYLOAD_FORMATS[columns["format"][i]], orientation=columns["orientation"][i],
+                      source_bytes=0, crc32=columns["payload_crc32"][i]))
+        copied += len(data)
+    return copied
+
+
+class ShardPayloads:
+    """``payload(i)`` over a :class:`ShardSource`, through read-only maps of its shards."""
+
+    def __init__(self, source: ShardSource) -> None:
+        self.source = source
+        self._maps: dict[int, mmap.mmap] = {}
+        self._part = source.entries["part"].tolist()
+        self._start = source.entries["payload_offset"].tolist()
+        self._len = source.entries["payload_len"].tolist()
+
+    def __call__(self, i: int) -> bytes:
+        part = self._part[i]
+        data = self._maps.get(part)
+        if data is None:
+            with open(self.source.folder / self.source.parts[part]["name"], "rb") as f:
+                data = self._maps[part] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return data[self._start[i] : self._start[i] + self._len[i]]
+
+    def close(self) -> None:
+        for data in self._maps.values():
+            data.close()
+        self._maps.clear()

@@ -1,0 +1,403 @@
+"""``pack --engine ray``: pack one folder with Ray tasks, on one machine or a cluster.
+
+The driver scans the folder once and splits the file list into contiguous ranges. Each Ray task
+checks and encodes its range and writes it as a small shards pack of its own in a task folder
+under ``DEST.partial`` (storage every node sees). When all have finished, the driver joins them:
+shards are renamed into place and renumbered in place by Ray tasks (``packer.combine``), and the
+driver writes one index and one manifest over all of them, then publishes ``DEST.partial`` by
+rename, as ``pack`` does. For an ``.lmdb`` destination the driver copies the tasks' records into
+the LMDB file instead. The result holds the same records, in the same order, with the same labels
+and skipped list, as a single-machine pack of the same folder; only shard boundaries differ (each
+range starts a new shard). A task that fails is retried by Ray; one that keeps failing fails the
+pack, and the unfinished pack is removed: nothing that looks complete is published.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import math
+import os
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from . import __version__
+from .combine import ShardPayloads, ShardSource, copy_records, joined_index, place_shards
+from .encode import EncodeOptions, Skipped
+from .errors import PackloadError, SkippedFileError, UsageError
+from .format import FORMAT_NAME, FORMAT_VERSION, INDEX_NAME, MANIFEST_NAME, decode_index, encode_manifest
+from .pipeline import (
+    DEFAULT_SHARD_SIZE,
+    LMDB_MAP_PER_FILE,
+    _check_destination,
+    _encoded_stream,
+    _publish,
+    _remove,
+    backend_for,
+    io_bound,
+    pack_size,
+    partial_path,
+)
+from .scan import Sample, printable, scan_folder
+from .write_lmdb import LmdbWriter
+from .write_shards import ShardsWriter, fsync_dir, write_file_atomic
+
+INSTALL_HINT = '--engine ray needs Ray, which is not installed; pip install "packload[ray]"'
+MIN_TASK_FILES = 5000  # files per task at least: each task costs ~20-40 ms (BENCHMARKS.md, Packing on Ray)
+TASKS_PER_CPU = 2  # ranges per CPU of the cluster by default: balance without many small shards
+IO_THREADS = 2  # threads per task when encoding is reading and checking only
+FAULT_ENV = "PACKLOAD_RAY_FAULT"  # tests only: a file "TASK [once]" makes that task fail
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise UsageError(INSTALL_HINT) from None
+    return ray
+
+
+def _task_name(k: int) -> str:
+    return f"task-{k:05d}"
+
+
+def _fault_point(task: int) -> None:
+    """Fail on purpose when the test hook names this task (lets tests exercise Ray's retries)."""
+    marker = os.environ.get(FAULT_ENV)
+    if not marker or not os.path.exists(marker):
+        return
+    words = Path(marker).read_text().split()
+    if words and int(words[0]) == task:
+        if "once" in words[1:]:
+            os.unlink(marker)
+        raise OSError(f"injected failure in task {task} ({FAULT_ENV})")
+
+
+class _NoDigest:
+    """Stands in for SHA-256 while writing shards that are hashed again once renumbered."""
+
+    def update(self, data: bytes) -> None:
+        pass
+
+    def hexdigest(self) -> str:
+        return ""  # place_shards hashes a shard whose digest is unknown
+
+
+class _UnhashedShardsWriter(ShardsWriter):
+    """A ``ShardsWriter`` that skips hashing: the shards of every range but the first get new part
+    and record numbers, so their final SHA-256 is computed then (``place_shards``)."""
+
+    def _open_part(self, part: int) -> None:
+        super()._open_part(part)
+        self._file.digest = _NoDigest()
+
+
+def _check_shared(root: str, folder: Path) -> None:
+    """Refuse at once (no retries) a node that does not see the source or the destination."""
+    import socket
+
+    for needed in (Path(root), folder.parent):
+        if not needed.is_dir():
+            raise UsageError(f"{needed}: not found on node {socket.gethostname()}; --engine ray needs the source "
+                             "and the destination on storage every node sees, at the same path")
+
+
+def pack_range(task: int, root: str, samples: list[Sample], first_pos: int, classes: list[str],
+               options: EncodeOptions, out: str, shard_size: int, strict: bool, hashed: bool = True) -> dict[str, Any]:
+    """One Ray task: pack ``samples`` (scan positions from ``first_pos``) into the shards pack
+    ``out``, starting afresh (a retry overwrites a failed attempt); ``hashed=False`` leaves the
+    shards' SHA-256 to be computed later. Returns its counts and times."""
+    started, cpu_started = time.perf_counter(), time.process_time()
+    folder = Path(out)
+    _check_shared(root, folder)
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir()
+    _fault_point(task)
+    writer = (ShardsWriter if hashed else _UnhashedShardsWriter)(folder, shard_size)
+    skipped: list[dict[str, Any]] = []
+    source_bytes = 0
+    # Reading and checking only (keep, fast check) waits on the disk with the GIL released: a few
+    # threads keep one CPU busy, as in the local engine. Re-encoding stays on this task's one CPU.
+    threads = IO_THREADS if io_bound(options) else 1
+    try:
+        for pos, item in enumerate(_encoded_stream(Path(root), samples, 0, options, threads), first_pos):
+            if isinstance(item, Skipped):
+                if strict:
+                    raise SkippedFileError(f"{Path(root) / item.path}: {item.reason}; fix or remove the file, "
+                                           "or pack without --strict to skip it and list it in the manifest")
+                skipped.append({"path": item.path, "reason": item.reason, "pos": pos})
+            else:
+                writer.write(item)
+                source_bytes += item.source_bytes
+        encode_seconds = time.perf_counter() - started
+        # A task folder is a small pack of its own (its manifest is replaced by the driver's).
+        writer.finish({"format": FORMAT_NAME, "version": FORMAT_VERSION, "backend": "shards",
+                       "encoding": options.encoding, "records": writer.index.count, "classes": classes,
+                       "skipped": skipped})
+    finally:
+        writer.close()
+    return {"task": task, "records": writer.index.count, "parts": writer.parts, "skipped": skipped,
+            "source_bytes": source_bytes, "payload_bytes": writer.index.payload_bytes,
+            "seconds": time.perf_counter() - started, "encode_seconds": encode_seconds,
+            "cpu_seconds": time.process_time() - cpu_started}
+
+
+def place_task(folder: str, out: str, part_base: int, record_base: int) -> dict[str, Any]:
+    """One Ray task: move a finished task's shards into the pack, renumbered (see ``place_shards``).
+    Returns their manifest entries and the CPU time it took."""
+    cpu_started = time.process_time()
+    parts = place_shards(_source(Path(folder)), Path(out), part_base, record_base, move=True)
+    return {"parts": parts, "cpu_seconds": time.process_time() - cpu_started}
+
+
+def _source(folder: Path) -> ShardSource:
+    import json
+
+    manifest = json.loads((folder / MANIFEST_NAME).read_bytes())
+    entries, paths = decode_index((folder / INDEX_NAME).read_bytes(), str(folder / INDEX_NAME))
+    return ShardSource(folder, manifest["parts"], entries, paths)
+
+
+def split_ranges(count: int, task_files: int) -> list[tuple[int, int]]:
+    """Contiguous ``[start, stop)`` ranges of at most ``task_files`` files covering ``count``."""
+    return [(start, min(start + task_files, count)) for start in range(0, count, task_files)]
+
+
+def _failure(exc: BaseException, dst: Path, ranges: list[tuple[int, int]], task: int, samples: list[Sample],
+             retries: int) -> PackloadError:
+    """The one-line error for a task that kept failing."""
+    cause = getattr(exc, "cause", None) or exc
+    if isinstance(cause, PackloadError) and not isinstance(cause, OSError):
+        return type(cause)(str(cause))
+    start, stop = ranges[task]
+    text = str(cause).strip().splitlines()[-1] if str(cause).strip() else type(cause).__name__
+    return PackloadError(f"{dst}: Ray task {task} (files {start}..{stop - 1}, from {samples[start].path}) failed "
+                         f"after {retries} retries ({type(cause).__name__}: {text}); nothing was published; fix "
+                         "the cause (every node must see the source and destination folders) and pack again")
+
+
+def pack_ray(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: str | None = None,
+             options: EncodeOptions | None = None, shard_size: int = DEFAULT_SHARD_SIZE,
+             overwrite: bool = False, strict: bool = False, progress: bool = True, address: str | None = None,
+             task_files: int | None = None, max_retries: int = 3) -> dict[str, Any]:
+    """Pack the ImageFolder tree ``src`` into ``dst`` with Ray tasks; the same pack as ``pack``.
+
+    Uses the Ray instance this process is connected to, else connects to ``address`` (``"auto"``:
+    the running cluster), else starts a local one. ``task_files`` sets how many files each task
+    packs (default: about two ranges per CPU of the cluster, at least 5000 files each). Returns
+    ``pack``'s summary plus the tasks' timings.
+    """
+    ray = _import_ray()
+    started = time.perf_counter()
+    src_path, dst_path = Path(src), Path(dst)
+    options = options or EncodeOptions()
+    backend = backend_for(dst_path, backend)
+    if shard_size < 1 << 16:
+        raise UsageError(f"--shard-size {shard_size}: give at least 64 KiB (for example 256M)")
+    if task_files is not None and task_files < 1:
+        raise UsageError(f"--task-files {task_files}: give at least 1")
+    scan = scan_folder(src_path)
+    _check_destination(src_path, dst_path, overwrite)
+    tmp = partial_path(dst_path)
+    staging = tmp if backend == "shards" else dst_path.with_name(dst_path.name + ".partial-tasks")
+    for leftover in {tmp, staging}:
+        if leftover.exists() or Path(str(leftover) + "-lock").exists():
+            if not overwrite:
+                raise UsageError(f"{leftover}: an unfinished pack is there; add --overwrite to start over "
+                                 "(--engine ray cannot resume)")
+            _remove(leftover)
+    options_record = {"backend": backend, **asdict(options)}
+    if options.size is not None:
+        options_record["size"] = list(options.size)
+
+    started_ray = not ray.is_initialized()
+    if started_ray:
+        try:
+            ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING,
+                     log_to_driver=False)
+        except Exception as exc:  # noqa: BLE001 - Ray raises several kinds here; all mean "no cluster"
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise UsageError(f"--ray-address {address}: cannot start or reach Ray ({reason}); start the cluster "
+                             "(`ray start --head` on one node) or leave out --ray-address for a local one") from None
+    ray_ready = time.perf_counter()
+    try:
+        cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        per_task = task_files or max(MIN_TASK_FILES, math.ceil(len(scan.samples) / (TASKS_PER_CPU * cpus)))
+        ranges = split_ranges(len(scan.samples), per_task)
+        staging.mkdir()
+        try:
+            tasks = _Tasks(ray, scan, ranges, staging, max_retries, dst_path, tmp if backend == "shards" else None)
+            tasks.run(options, shard_size, strict, progress)
+            results = [tasks.results[k] for k in range(len(ranges))]
+            tasks_done = time.perf_counter()
+            records = sum(r["records"] for r in results)
+            skipped = [s for r in results for s in r["skipped"]]
+            if records == 0:
+                raise UsageError(f"{scan.root}: none of the {len(scan.samples)} image files could be packed "
+                                 f"(first problem: {skipped[0]['path']}: {skipped[0]['reason']})")
+            sources = [_source(staging / _task_name(r["task"])) for r in results]
+            part_bases = np.cumsum([0] + [len(s.parts) for s in sources])[:-1].tolist()
+            index, labels = joined_index(sources, part_bases)
+            manifest = {
+                "format": FORMAT_NAME,
+                "version": FORMAT_VERSION,
+                "backend": backend,
+                "encoding": options.encoding,
+                "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                "packload_version": __version__,
+                "source": {"name": printable(scan.root.resolve().name), "files": len(scan.samples),
+                           "bytes": sum(r["source_bytes"] for r in results)},
+                "labelled": scan.labelled,
+                "classes": scan.classes,
+                "class_counts": {name: int((labels == i).sum()) for i, name in enumerate(scan.classes)},
+                "records": records,
+                "payload_bytes": sum(r["payload_bytes"] for r in results),
+                "skipped": [{"path": s["path"], "reason": s["reason"]} for s in skipped],
+                "ignored": scan.ignored,
+                "options": options_record,
+            }
+            if backend == "shards":
+                parts = [part for k in range(len(ranges)) for part in tasks.placed[k]["parts"]]
+                _finish_shards(sources, parts, tmp, index, manifest)
+            else:
+                _join_lmdb(sources, tmp, len(scan.samples), manifest)
+                shutil.rmtree(staging)
+        except BaseException:
+            for leftover in (tmp, staging):
+                if leftover.exists():
+                    _remove(leftover)
+            raise
+        _publish(tmp, dst_path)
+    finally:
+        if started_ray:
+            ray.shutdown()
+    seconds = time.perf_counter() - started
+    source_bytes = manifest["source"]["bytes"]
+    task_seconds = [r["seconds"] for r in results]
+    return {
+        "destination": str(dst_path),
+        "backend": backend,
+        "encoding": options.encoding,
+        "engine": "ray",
+        "records": records,
+        "classes": len(scan.classes),
+        "skipped": len(skipped),
+        "ignored": len(scan.ignored),
+        "source_bytes": source_bytes,
+        "pack_bytes": pack_size(dst_path),
+        "seconds": round(seconds, 3),
+        "files_per_s": round(len(scan.samples) / seconds, 1) if seconds > 0 else None,
+        "mb_per_s": round(source_bytes / seconds / 1e6, 1) if seconds > 0 else None,
+        "resumed_at": None,
+        "tasks": len(ranges),
+        "cluster_cpus": cpus,
+        "ray_start_s": round(ray_ready - started, 3),
+        "tasks_s": round(tasks_done - ray_ready, 3),
+        "join_s": round(time.perf_counter() - tasks_done, 3),
+        "task_s": {"min": round(min(task_seconds), 3), "max": round(max(task_seconds), 3),
+                   "sum": round(sum(task_seconds), 3)},
+        "task_cpu_s": round(sum(r["cpu_seconds"] for r in results)
+                            + sum(p["cpu_seconds"] for p in tasks.placed.values()), 3),
+    }
+
+
+class _Tasks:
+    """Runs one ``pack_range`` task per range and, for a shards pack, one ``place_task`` per range
+    as soon as every range before it has finished (its first part and record numbers are known
+    then), so most renumbering overlaps the packing. A failure that outlived Ray's retries cancels
+    the rest and raises one clear error."""
+
+    def __init__(self, ray: Any, scan: Any, ranges: list[tuple[int, int]], staging: Path, max_retries: int,
+                 dst: Path, place_into: Path | None) -> None:
+        self.ray, self.scan, self.ranges, self.staging = ray, scan, ranges, staging.resolve()
+        self.max_retries, self.dst = max_retries, dst
+        self.place_into = place_into.resolve() if place_into is not None else None
+        self.results: dict[int, dict[str, Any]] = {}
+        self.placed: dict[int, dict[str, Any]] = {}
+        self._pending: dict[Any, tuple[str, int]] = {}
+        self._next_place = self._part_base = self._record_base = 0
+
+    def run(self, options: EncodeOptions, shard_size: int, strict: bool, progress: bool) -> None:
+        ray = self.ray
+        packer_task = ray.remote(num_cpus=1, max_retries=self.max_retries, retry_exceptions=[OSError])(pack_range)
+        root = str(self.scan.root.resolve())  # tasks run in other folders, on other nodes
+        for k, (a, b) in enumerate(self.ranges):
+            # Only the first range keeps its numbers (and so its hashes) in a shards pack.
+            hashed = k == 0 and self.place_into is not None
+            ref = packer_task.remote(k, root, self.scan.samples[a:b], a, self.scan.classes, options,
+                                     str(self.staging / _task_name(k)), shard_size, strict, hashed)
+            self._pending[ref] = ("pack", k)
+        bar = tqdm(total=len(self.scan.samples), unit="img", disable=not progress, dynamic_ncols=True,
+                   desc=f"pack {self.scan.root.name} ({len(self.ranges)} Ray tasks)")
+        try:
+            while self._pending:
+                [ref], _ = ray.wait(list(self._pending), num_returns=1)
+                kind, k = self._pending.pop(ref)
+                try:
+                    value = ray.get(ref)
+                except Exception as exc:  # noqa: BLE001 - Ray wraps the task's error; reported in one line
+                    self._cancel()
+                    raise _failure(exc, self.dst, self.ranges, k, self.scan.samples, self.max_retries) from None
+                if kind == "pack":
+                    self.results[k] = value
+                    bar.update(self.ranges[k][1] - self.ranges[k][0])
+                    self._place_ready()
+                else:
+                    self.placed[k] = value
+        finally:
+            bar.close()
+
+    def _place_ready(self) -> None:
+        if self.place_into is None:
+            return
+        placer = self.ray.remote(num_cpus=1, max_retries=self.max_retries, retry_exceptions=[OSError])(place_task)
+        while self._next_place in self.results:
+            k, result = self._next_place, self.results[self._next_place]
+            ref = placer.remote(str(self.staging / _task_name(k)), str(self.place_into), self._part_base,
+                                self._record_base)
+            self._pending[ref] = ("place", k)
+            self._part_base += len(result["parts"])
+            self._record_base += result["records"]
+            self._next_place += 1
+
+    def _cancel(self) -> None:
+        for ref in self._pending:
+            self.ray.cancel(ref, force=True)
+        if self._pending:
+            self.ray.wait(list(self._pending), num_returns=len(self._pending), timeout=30)
+
+
+def _finish_shards(sources: list[ShardSource], parts: list[dict[str, Any]], tmp: Path, index: bytes,
+                   manifest: dict[str, Any]) -> None:
+    """With every shard in place: drop the task folders, write the index and, last, the manifest."""
+    import hashlib
+
+    for source in sources:
+        shutil.rmtree(source.folder)
+    write_file_atomic(tmp / INDEX_NAME, index)
+    manifest.update(parts=parts, index={"name": INDEX_NAME, "size": len(index),
+                                        "sha256": hashlib.sha256(index).hexdigest()})
+    write_file_atomic(tmp / MANIFEST_NAME, encode_manifest(manifest))
+    fsync_dir(tmp)
+
+
+def _join_lmdb(sources: list[ShardSource], tmp: Path, files: int, manifest: dict[str, Any]) -> None:
+    """Copy every task's records, in order, into the LMDB file ``tmp`` (chunks as ``pack`` makes)."""
+    writer = LmdbWriter(tmp, max(1 << 30, files * LMDB_MAP_PER_FILE))
+    try:
+        for source in sources:
+            payloads = ShardPayloads(source)
+            try:
+                copy_records(source.entries, source.paths, payloads, writer.write)
+            finally:
+                payloads.close()
+        manifest.update(writer.finish(manifest))
+    finally:
+        writer.close()
