@@ -13,10 +13,14 @@ with packload's codec (separates the storage gain from the codec gain), and the 
 with packload's codec. A run's time covers building the dataset and DataLoader, starting the
 workers and every batch: ``samples_per_s`` is what a training epoch would see. Every run happens in
 a fresh forked process, so no contender's leftovers (memory maps, caches) carry into the next run.
+
+With ``slow=`` (``run.py --storage slow:MS[:MBPS]``) the folder and every format are read through a
+``benchmarks/slowfs.py`` mount (:func:`slow_storage`), cold only: remounted before every run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import json
@@ -35,9 +39,9 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, RandomSampler, Sampler
 
-from benchmarks import cache, harness, report
+from benchmarks import cache, harness, report, slowfs
 from benchmarks.peers import PEERS, ImageFolderPeer, Peer, StreamingPeer
-from loaders import PackedImageFolder, collate_uint8
+from loaders import CenterCrop, PackedImageFolder, PackLoader, collate_uint8
 from loaders.collate import collate_as_list
 from loaders.folder import FolderImages
 from loaders.measure import time_loader
@@ -116,6 +120,16 @@ def _whole_batches(ds: Any, sampler: Sampler | None, batch_size: int, workers: i
     return _batch_loader(ds, batch_size, sampler=sampler, num_workers=workers, persistent_workers=False)
 
 
+def _threads(crop: CenterCrop | None = None, encoded: bool = False) -> Callable[..., PackLoader]:
+    """packload's ``PackLoader`` (batches built in threads of the reading process) with the same
+    sampler; ``workers`` is its thread count where it decodes, ignored where it only copies."""
+    def make(ds: Any, sampler: Sampler | None, batch_size: int, workers: int) -> PackLoader:
+        copy_only = encoded or (crop is None and ds.encoding == "raw")
+        return PackLoader(ds, batch_size, sampler=sampler, crop=crop, encoded=encoded,
+                          threads=None if copy_only else max(1, workers))
+    return make
+
+
 def _seeded(ds: Dataset) -> Sampler:
     return RandomSampler(ds, generator=torch.Generator().manual_seed(0))
 
@@ -187,17 +201,32 @@ def contenders(p: Prepared, mode: str) -> list[Contender]:
     rows: list[Contender] = []
 
     def packload(label: str, path: Path, decode_size: tuple[int, int] | None = None, note: str = "",
-                 bounded: bool = True, whole_batches: bool = False) -> None:
+                 bounded: bool = True, whole_batches: bool = False,
+                 loader: Callable[..., Any] | None = None) -> None:
         def build() -> tuple[Dataset, Sampler | None]:
             ds = PackedImageFolder(path, transform=transform, output=output, decode_size=decode_size)
             return ds, ds.sampler(shuffle=True, seed=0)
 
         rows.append(Contender(label, "packload", build, collate, [path], release=_close_reader,
                               note=note or "ds.sampler(shuffle=True, seed=0)", bounded=bounded,
-                              loader=_whole_batches if whole_batches else None))
+                              loader=loader or (_whole_batches if whole_batches else None)))
 
     packload("packload lmdb", p.packs["lmdb"])
     packload("packload shards", p.packs["shards"])
+    threads_note = "PackLoader: whole batches built in threads of the training process, no DataLoader"
+    if mode == "bytes":
+        packload("packload shards, PackLoader (encoded)", p.packs["shards"], loader=_threads(encoded=True),
+                 note=threads_note + "; (data, offsets, labels) batches")
+    elif mode == "decoded":
+        packload("packload shards, PackLoader", p.packs["shards"], loader=_threads(), note=threads_note)
+        if "lmdb raw" in p.packs:
+            packload("packload lmdb raw, PackLoader", p.packs["lmdb raw"], loader=_threads(), bounded=False,
+                     note=threads_note + "; raw pixels gathered from the map")
+    else:
+        packload("packload shards, PackLoader + CenterCrop(224)", p.packs["shards"],
+                 loader=_threads(crop=CenterCrop(224)), bounded=False,
+                 note=threads_note + "; reduced-scale decode and one resize of the kept square (pixels differ "
+                 "slightly from ResizeCenterCrop)")
     if mode == "decoded+crop224":
         note = "decode_size=(224, 224): reduced-DCT JPEG decode, pixels differ slightly"
         packload("packload lmdb, decode_size 224", p.packs["lmdb"], DECODE_SIZE, note)
@@ -336,10 +365,53 @@ def _evictor(all_paths: list[Path], own: list[Path]) -> Callable[[], dict[str, A
     return setup
 
 
+def _remounter(fs: slowfs.SlowFS) -> Callable[[], dict[str, Any]]:
+    """Cold cache on a slowfs mount: unmount and mount again, which empties every kernel cache of the
+    mount (file pages, attributes, directory entries); the files under it stay cached locally, as on
+    the far side of a network disk, so each request costs the configured latency and nothing more."""
+
+    def setup() -> dict[str, Any]:
+        fs.remount()
+        return {"evicted": True, "method": "slowfs remount"}
+
+    return setup
+
+
+@contextlib.contextmanager
+def slow_storage(p: Prepared, work: Path, name: str, latency_ms: float, mbps: float | None,
+                 log: Callable[[str], None] | None = None) -> Any:
+    """``p`` with its folder, packs and peer outputs read through a slowfs mount; unmounted on exit.
+
+    The packs and peer outputs are written locally first (by :func:`prepare`, under ``work/read/NAME``);
+    a link to the image folder is added there and that folder is mounted read-only at
+    ``work/slowmnt/NAME``, so the images and every format sit behind the same slow disk.
+    """
+    base = work / "read" / name
+    link = base / "images"
+    if not link.exists():
+        link.symlink_to(p.source.resolve(), target_is_directory=True)
+    mnt = work / "slowmnt" / name
+    fs = slowfs.SlowFS(base, mnt, latency_ms=latency_ms, mbps=mbps)
+    # The ImageFolder-style files peer lists absolute paths: point them into the mount too.
+    listing = base / "files-slow"
+    listing.mkdir(exist_ok=True)
+    files = FolderImages(p.source).samples
+    (listing / "samples.json").write_text(json.dumps(
+        [[str(mnt / "images" / Path(f).relative_to(p.source)), int(label)] for f, label in files]))
+    peers = {k: (peer, mnt / out.name, reason) for k, (peer, out, reason) in p.peers.items()}
+    peers["files"] = (p.peers["files"][0], mnt / listing.name, None)
+    with fs:
+        if log:
+            log(f"read: {name} behind slowfs at {mnt} ({latency_ms} ms per request"
+                + (f", {mbps} MB/s" if mbps else "") + ")")
+        yield Prepared(mnt / "images", p.kind, {k: mnt / v.name for k, v in p.packs.items()}, peers), fs
+
+
 def sweep(cs: Sequence[Contender], workers: Sequence[int], batch_size: int, budget: int,
-          log: Callable[[str], None] | None) -> dict[str, Any]:
-    """One warm run per (contender, num_workers), interleaved; the best num_workers of each."""
-    cases = [_case(c, w, batch_size, budget, name=f"{c.name} @{w}") for w in workers for c in cs]
+          log: Callable[[str], None] | None,
+          setup: Callable[[], dict[str, Any] | None] | None = None) -> dict[str, Any]:
+    """One run per (contender, num_workers), interleaved (warm, or after ``setup``); the best of each."""
+    cases = [_case(c, w, batch_size, budget, name=f"{c.name} @{w}", setup=setup) for w in workers for c in cs]
     results = harness.run_grid(cases, repeats=1, warmup=0, log=log)
     table: dict[str, Any] = {}
     for c in cs:
@@ -384,59 +456,85 @@ def run(datasets: dict[str, tuple[Path, str]], work: Path, *, peers: bool = True
         warmup: int = 1, workers: Sequence[int] = (0, 1, 2, 4), batch_size: int = 64,
         budgets: dict[str, int] | None = None, sweep_fraction: float = 0.5, cold: bool = True,
         limits: dict[str, Any] | None = None, peer_factories: dict[str, Callable[[], Peer]] | None = None,
-        log: Callable[[str], None] | None = print) -> dict[str, Any]:
-    """Every dataset × mode: sweep num_workers, then warm and cold interleaved repeats; all figures."""
+        log: Callable[[str], None] | None = print, slow: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Every dataset × mode: sweep num_workers, then warm and cold interleaved repeats; all figures.
+
+    ``slow={"latency_ms": 2, "mbps": None}`` reads everything through a slowfs mount
+    (:func:`slow_storage`): cold cache only (a remount before every run, the sweep included), since
+    a warm page cache hides the storage entirely."""
     budgets = budgets or {}
     factories = (peer_factories if peer_factories is not None else PEERS) if peers else None
     out: dict[str, Any] = {
         "settings": {"repeats": repeats, "warmup": warmup, "workers_sweep": list(workers), "batch_size": batch_size,
                      "budgets": budgets, "sweep_fraction": sweep_fraction, "peers": peers,
-                     "timing": "dataset + DataLoader construction, worker start and every batch"},
+                     "timing": "dataset + DataLoader construction, worker start and every batch",
+                     "storage": {"slowfs": slow} if slow else "local"},
         "datasets": {},
     }
     for name, (source, kind) in datasets.items():
-        prepared = prepare(name, source, kind, work, peers=factories, batch_size=batch_size, log=log)
-        files = FolderImages(source).samples
-        mean_bytes = sum(Path(f).stat().st_size for f, _ in files) / max(1, len(files))
-        entry: dict[str, Any] = {"source": str(source), "kind": kind, "files": len(files),
-                                 "mean_file_bytes": mean_bytes, "modes": {}}
-        for mode in MODES[kind]:
-            budget = min(len(files), budgets.get(mode, len(files)))
-            cs = contenders(prepared, mode)
-            live = [c for c in cs if c.unavailable is None]
-            if log:
-                log(f"read: {name} {mode}: warming the cache, sweeping num_workers {list(workers)}")
-            warm_state = cache.warm(prepared.all_paths())
-            swept = sweep(live, workers, batch_size, max(2 * batch_size, int(budget * sweep_fraction)), log)
-            best = {c.name: swept[c.name]["best"] for c in live}
-            mode_out: dict[str, Any] = {"budget": budget, "sweep": swept, "warm_cache": warm_state}
-            for label, is_cold in (("warm", False), ("cold", True)):
-                if is_cold and not cold:
-                    continue
-                cases = []
-                for c in cs:
-                    w = best.get(c.name)
-                    if c.unavailable is None and w is None:
-                        errs = swept[c.name]["errors"]
-                        c = Contender(c.name, c.kind, c.build, c.collate, c.paths, note=c.note, bounded=c.bounded,
-                                      unavailable=f"failed at every num_workers: {next(iter(errs.values()), '?')}")
-                    setup = _evictor(prepared.all_paths(), c.paths) if is_cold else None
-                    cases.append(_case(c, w or 0, batch_size, budget, setup=setup))
-                if log:
-                    log(f"read: {name} {mode} {label} cache")
-                results = harness.run_grid(cases, repeats=repeats, warmup=0 if is_cold else warmup, log=log)
-                _ratios(results)
-                limit, bound = ceiling(mode, is_cold, limits, mean_bytes)
-                for r in results:
-                    bounded = limit and r.get("stats") and r["info"].get("bounded", True)
-                    r["of_ceiling"] = r["stats"]["median"] / limit if bounded else None
-                    if is_cold:
-                        evictions = [run.get("setup", {}) for run in r["runs"]]
-                        r["cold_verified"] = bool(evictions) and all(e.get("evicted") for e in evictions)
-                mode_out[label] = {"results": results, "ceiling": limit, "ceiling_bound": bound}
-            entry["modes"][mode] = mode_out
-        out["datasets"][name] = entry
+        local = prepare(name, source, kind, work, peers=factories, batch_size=batch_size, log=log)
+        with contextlib.ExitStack() as stack:
+            if slow:
+                prepared, fs = stack.enter_context(slow_storage(local, work, name, slow["latency_ms"],
+                                                                slow.get("mbps"), log))
+                cold_setup: Callable[[], dict[str, Any]] | None = _remounter(fs)
+            else:
+                prepared, fs, cold_setup = local, None, None
+            out["datasets"][name] = _read_dataset(name, prepared, source, kind, workers, batch_size, budgets,
+                                                  repeats, warmup, sweep_fraction, cold,
+                                                  None if slow else limits, log, cold_setup)
+            if fs is not None:
+                out["datasets"][name]["slowfs_stats_last_run"] = fs.stats().to_json()
     return out
+
+
+def _read_dataset(name: str, prepared: Prepared, source: Path, kind: str, workers: Sequence[int], batch_size: int,
+                  budgets: dict[str, int], repeats: int, warmup: int, sweep_fraction: float, cold: bool,
+                  limits: dict[str, Any] | None, log: Callable[[str], None] | None,
+                  cold_setup: Callable[[], dict[str, Any]] | None) -> dict[str, Any]:
+    """One dataset's modes (see :func:`run`); ``cold_setup`` replaces warm runs and eviction (slowfs)."""
+    files = FolderImages(source).samples
+    mean_bytes = sum(Path(f).stat().st_size for f, _ in files) / max(1, len(files))
+    entry: dict[str, Any] = {"source": str(source), "kind": kind, "files": len(files),
+                             "mean_file_bytes": mean_bytes, "modes": {}}
+    for mode in MODES[kind]:
+        budget = min(len(files), budgets.get(mode, len(files)))
+        cs = contenders(prepared, mode)
+        live = [c for c in cs if c.unavailable is None]
+        if log:
+            log(f"read: {name} {mode}: " + ("cold cache" if cold_setup else "warming the cache")
+                + f", sweeping num_workers {list(workers)}")
+        warm_state = cache.warm(prepared.all_paths()) if cold_setup is None else {"note": "slowfs: cold only"}
+        swept = sweep(live, workers, batch_size, max(2 * batch_size, int(budget * sweep_fraction)), log,
+                      setup=cold_setup)
+        best = {c.name: swept[c.name]["best"] for c in live}
+        mode_out: dict[str, Any] = {"budget": budget, "sweep": swept, "warm_cache": warm_state}
+        for label, is_cold in (("warm", False), ("cold", True)):
+            if (is_cold and not cold) or (cold_setup is not None and not is_cold):
+                continue
+            cases = []
+            for c in cs:
+                w = best.get(c.name)
+                if c.unavailable is None and w is None:
+                    errs = swept[c.name]["errors"]
+                    c = Contender(c.name, c.kind, c.build, c.collate, c.paths, note=c.note, bounded=c.bounded,
+                                  unavailable=f"failed at every num_workers: {next(iter(errs.values()), '?')}")
+                setup = (cold_setup or _evictor(prepared.all_paths(), c.paths)) if is_cold else None
+                cases.append(_case(c, w or 0, batch_size, budget, setup=setup))
+            if log:
+                log(f"read: {name} {mode} {label} cache")
+            results = harness.run_grid(cases, repeats=repeats, warmup=0 if is_cold else warmup, log=log)
+            _ratios(results)
+            limit, bound = ceiling(mode, is_cold, limits, mean_bytes)
+            for r in results:
+                bounded = limit and r.get("stats") and r["info"].get("bounded", True)
+                r["of_ceiling"] = r["stats"]["median"] / limit if bounded else None
+                if is_cold:
+                    evictions = [run.get("setup", {}) for run in r["runs"]]
+                    r["cold_verified"] = bool(evictions) and all(e.get("evicted") for e in evictions)
+            mode_out[label] = {"results": results, "ceiling": limit, "ceiling_bound": bound}
+        entry["modes"][mode] = mode_out
+    return entry
 
 
 # ---------------------------------------------------------------- tables
@@ -476,10 +574,12 @@ def markdown(result: dict[str, Any], cache_state: str) -> str:
                          f"{d['files']:,}, batch {s['batch_size']}; best peer: {best_peer or 'none ran'}{bound}; "
                          f"load average {report.load_range(block['results'])}\n\n"
                          + report.table(headers, rows))
+    slow = isinstance(s.get("storage"), dict)
     head = (f"Reading, samples/s end to end (dataset + DataLoader construction, worker start, every batch), "
             f"{s['repeats']} interleaved runs per contender at its best num_workers of {s['workers_sweep']} "
-            f"(swept with a warm cache)" + ("; every file of every format evicted before each cold run" if
-                                            cache_state == "cold" else "") + ". Each run in a fresh process; "
+            + ("(swept cold too); the slowfs mount remounted before each run (its page cache empty)" if slow else
+               "(swept with a warm cache)" + ("; every file of every format evicted before each cold run" if
+                                             cache_state == "cold" else "")) + ". Each run in a fresh process; "
             "peak memory is summed over that process and its DataLoader workers (PSS: shared pages split; "
             "anon: without file-backed pages such as a mapped pack's page cache).")
     return head + "\n\n" + "\n\n".join(parts)
@@ -500,4 +600,5 @@ def sweep_markdown(result: dict[str, Any]) -> str:
                     for c, v in m["sweep"].items()]
             parts.append(f"**{name} · {mode}**\n\n" + report.table(
                 ["contender", *(f"{w} workers" for w in s["workers_sweep"]), "best"], rows))
-    return "num_workers sweep (warm cache, one run each, samples/s):\n\n" + "\n\n".join(parts)
+    state = "cold cache: slowfs remounted" if isinstance(s.get("storage"), dict) else "warm cache"
+    return f"num_workers sweep ({state}, one run each, samples/s):\n\n" + "\n\n".join(parts)

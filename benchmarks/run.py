@@ -1,10 +1,12 @@
 """Run the benchmark suite and write results.md, results.json (and PNG charts with matplotlib).
 
     python benchmarks/run.py [--quick] [--data DIR] [--out DIR] [--only pack|read|machine] [--no-peers]
+                             [--storage slow:LATENCY_MS[:MBPS]]
 
 Full scale reads DATA/imagenet (20,000 JPEGs) and DATA/cifar (50,000 PNGs); ``--quick`` uses
 2,000 JPEGs and 10,000 PNGs. Missing datasets are generated (``packer.synthetic``, seeded). Parts
-run separately (``--only``) are merged into the results already in ``--out``.
+run separately (``--only``) are merged into the results already in ``--out``. ``--storage slow:2``
+reads through an emulated slow disk (``benchmarks/slowfs.py``; root or fusermount, libfuse2, fusepy).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import bench_pack, bench_read, machine, plots, report  # noqa: E402
+from benchmarks import bench_pack, bench_read, machine, plots, report, slowfs  # noqa: E402
 from packer.synthetic import make_cifar_like, make_imagenet_like  # noqa: E402
 
 PARTS = ("machine", "pack", "read")
@@ -36,7 +38,8 @@ SCALES: dict[str, dict[str, Any]] = {
               "bytes_samples": 10000, "decoded_samples": 5000, "crop_samples": 500,
               "decode_seconds": 0.5, "read_mb": 256},
 }
-FFCV_NOTE = "FFCV: not installed here (benchmark-only recipe to come)."
+FFCV_NOTE = ("FFCV: benchmark-only peer, not part of this run; measured by benchmarks/ffcv_measure.py "
+             "(install recipe in BENCHMARKS.md).")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -56,7 +59,26 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--decode-seconds", type=float, default=None, help="time per decode-rate measurement")
     p.add_argument("--workers", default=None, help="num_workers to sweep, comma separated (e.g. 0,1,2,4)")
     p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--storage", type=_storage, default=None, metavar="local|slow:LATENCY_MS[:MBPS]",
+                   help="read benchmarks with the images and every format behind a slowfs mount "
+                        "(benchmarks/slowfs.py): LATENCY_MS added to every open and read request, "
+                        "optionally capped at MBPS MB/s; cold cache only")
     return p
+
+
+def _storage(spec: str) -> dict[str, Any] | None:
+    """``local`` -> None; ``slow:2`` or ``slow:2:200`` -> {"latency_ms": 2.0, "mbps": 200.0 or None}."""
+    if spec == "local":
+        return None
+    kind, _, rest = spec.partition(":")
+    fields = rest.split(":") if rest else []
+    try:
+        numbers = [float(f) for f in fields]
+    except ValueError:
+        numbers = []
+    if kind != "slow" or not 1 <= len(numbers) <= 2 or numbers[0] < 0 or (len(numbers) == 2 and numbers[1] <= 0):
+        raise argparse.ArgumentTypeError(f"{spec!r}: give local or slow:LATENCY_MS[:MBPS], e.g. slow:2 or slow:2:200")
+    return {"latency_ms": numbers[0], "mbps": numbers[1] if len(numbers) == 2 else None}
 
 
 def _dataset_dir(data: Path, kind: str, count: int) -> Path:
@@ -114,7 +136,14 @@ def markdown(results: dict[str, Any]) -> str:
         lines += ["## Pack", "", bench_pack.markdown(results["pack"]["data"]), ""]
     if "read" in results:
         data = results["read"]["data"]
-        lines += ["## Read — warm cache", "", bench_read.markdown(data, "warm"), ""]
+        storage = data["settings"].get("storage", "local")
+        if isinstance(storage, dict):
+            fs = storage["slowfs"]
+            lines += [f"**Storage: slowfs**, {fs['latency_ms']:g} ms per open and read request"
+                      + (f", {fs['mbps']:g} MB/s" if fs.get("mbps") else ", no bandwidth cap")
+                      + "; cold cache only (slowfs remounted before every run, the sweep included).", ""]
+        if any("warm" in m for d in data["datasets"].values() for m in d["modes"].values()):
+            lines += ["## Read — warm cache", "", bench_read.markdown(data, "warm"), ""]
         if any("cold" in m for d in data["datasets"].values() for m in d["modes"].values()):
             lines += ["## Read — cold cache", "", bench_read.markdown(data, "cold"), ""]
         lines += ["## num_workers sweep", "", bench_read.sweep_markdown(data), ""]
@@ -143,6 +172,8 @@ def limits_markdown(lim: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the chosen parts and write results.md, results.json and charts into --out."""
     args = _parser().parse_args(argv)
+    if args.storage and slowfs.unavailable():
+        _parser().error(f"--storage slow: cannot mount a slowfs here: {slowfs.unavailable()}")
     scale = dict(SCALES["quick" if args.quick else "full"])
     for key in scale:
         value = getattr(args, key, None)
@@ -187,7 +218,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             limits = results.get("machine", {}).get("limits")
             data = {"data": bench_read.run(datasets, work, peers=args.peers, repeats=scale["repeats"],
                                            warmup=scale["warmup"], workers=workers, batch_size=args.batch_size,
-                                           budgets=budgets, cold=args.cold, limits=limits, log=log)}
+                                           budgets=budgets, cold=args.cold, limits=limits, log=log,
+                                           slow=args.storage)}
         data["meta"] = {"command": command, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                         "minutes": (time.perf_counter() - started) / 60, "scale": scale,
                         "datasets": {k: str(v[0]) for k, v in datasets.items()},

@@ -1,0 +1,161 @@
+"""benchmarks/slowfs.py: the emulated slow disk adds the latency it claims and returns identical bytes;
+and, through its counters, the reader issues few large requests when it reads a pack in batches."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from benchmarks import slowfs
+from loaders import PackedImageFolder
+from loaders.page_cache import drop
+from packer import pack
+
+ROOT = Path(__file__).resolve().parent.parent
+REASON = slowfs.unavailable()
+needs_fuse = pytest.mark.skipif(REASON is not None, reason=f"slowfs cannot mount here: {REASON}")
+
+
+def _mounted(src: Path, mnt: Path, **kw: float) -> slowfs.SlowFS:
+    return slowfs.SlowFS(src, mnt, **kw)
+
+
+def _evict(root: Path) -> None:
+    for f in root.rglob("*"):
+        if f.is_file():
+            drop(f)
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> Path:
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(6):
+        (src / f"small{i}.bin").write_bytes(rng.bytes(3000 + i))
+    (src / "big.bin").write_bytes(rng.bytes(3 << 20))
+    (src / "sub").mkdir()
+    (src / "sub" / "x.bin").write_bytes(b"hello")
+    return src
+
+
+@needs_fuse
+def test_adds_latency_and_returns_identical_bytes(files: Path, tmp_path: Path) -> None:
+    mnt = tmp_path / "mnt"
+    with _mounted(files, mnt, latency_ms=30) as fs:
+        before = fs.stats()
+        for i in range(6):
+            start = time.perf_counter()
+            data = (mnt / f"small{i}.bin").read_bytes()
+            # one open and at least one read request, each held 30 ms
+            assert time.perf_counter() - start >= 0.060 * 0.95
+            assert data == (files / f"small{i}.bin").read_bytes()
+        assert (mnt / "big.bin").read_bytes() == (files / "big.bin").read_bytes()
+        assert (mnt / "sub" / "x.bin").read_bytes() == b"hello"
+        assert sorted(p.name for p in mnt.iterdir()) == sorted(p.name for p in files.iterdir())  # counters hidden
+        d = fs.stats().minus(before)
+        assert d.opens == 8
+        assert d.read_bytes >= 6 * 3000 + (3 << 20) + 5
+        assert d.delay_s >= 0.030 * (d.opens + d.reads) * 0.99
+        assert max(d.read_sizes) <= 128 * 1024 + 4096  # the kernel cuts reads into FUSE-sized requests
+        with pytest.raises(OSError):
+            (mnt / "new.bin").write_bytes(b"x")  # read-only
+    assert not mnt.is_mount()
+    assert fs.final_stats is not None and fs.final_stats.opens >= 8
+
+
+@needs_fuse
+def test_bandwidth_cap_and_concurrent_requests_overlap(files: Path, tmp_path: Path) -> None:
+    mnt = tmp_path / "mnt"
+    with _mounted(files, mnt, latency_ms=0, mbps=30) as fs:
+        start = time.perf_counter()
+        assert (mnt / "big.bin").read_bytes() == (files / "big.bin").read_bytes()
+        assert time.perf_counter() - start >= (3 << 20) / 30e6 * 0.95  # 3 MiB at 30 MB/s
+    with _mounted(files, mnt, latency_ms=100) as fs:
+        threads = [threading.Thread(target=(mnt / f"small{i}.bin").read_bytes) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert fs.stats().max_reads_in_flight >= 2  # served by several threads at once
+
+
+@needs_fuse
+def test_unmounts_when_the_block_raises(files: Path, tmp_path: Path) -> None:
+    mnt = tmp_path / "mnt"
+    with pytest.raises(ZeroDivisionError), _mounted(files, mnt, latency_ms=1):
+        assert mnt.is_mount()
+        1 / 0  # noqa: B018
+    assert not mnt.is_mount()
+
+
+def test_command_line_rejects_a_missing_source(tmp_path: Path) -> None:
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "slowfs.py"), str(tmp_path / "nope"),
+                          str(tmp_path)], capture_output=True, text=True)
+    assert run.returncode == 2
+    assert run.stderr.count("\n") == 1 and "nope" in run.stderr
+
+
+# ---------------------------------------------------------------- the reader's requests
+
+
+@pytest.fixture(scope="module")
+def packs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """3,000 noisy 32x32 PNGs in 3 classes, packed as shards and as LMDB (about 9 MB each)."""
+    base = tmp_path_factory.mktemp("slowpacks")
+    rng = np.random.default_rng(1)
+    for c in range(3):
+        (base / "images" / f"c{c}").mkdir(parents=True)
+        for i in range(1000):
+            Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(base / "images" / f"c{c}" / f"{i}.png")
+    pack(base / "images", base / "p.shards", progress=False)
+    pack(base / "images", base / "p.lmdb", progress=False)
+    return base
+
+
+@needs_fuse
+@pytest.mark.parametrize("name", ["p.shards", "p.lmdb"])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_reader_issues_few_large_requests(packs: Path, tmp_path: Path, name: str, shuffle: bool) -> None:
+    mnt = tmp_path / "mnt"
+    with _mounted(packs, mnt, latency_ms=2) as fs:
+        _evict(mnt / name)
+        before = fs.stats()
+        ds = PackedImageFolder(mnt / name, output="bytes")
+        order = list(ds.sampler(shuffle=shuffle, seed=0))
+        got = {}
+        for i in range(0, len(order), 256):
+            batch = order[i : i + 256]
+            got.update(zip(batch, (img for img, _ in ds.__getitems__(batch)), strict=True))
+        original = packs / "images" / ds.path(1234)
+        ds.close()
+        d = fs.stats().minus(before)
+    assert len(got) == 3000
+    assert got[1234] == original.read_bytes()
+    size = sum(f.stat().st_size for f in (packs / name).rglob("*")) if (packs / name).is_dir() \
+        else (packs / name).stat().st_size
+    assert d.read_bytes <= 1.5 * size  # each byte fetched about once
+    assert d.reads < 3000 / 20, d  # far fewer requests than records
+    assert d.mean_read_kb >= 64, d  # large requests, not 4 KiB page faults
+    if name == "p.shards" or shuffle:  # a sequential LMDB batch is one chunk: the kernel's readahead serves it
+        assert d.max_reads_in_flight >= 4, d  # on FUSE the reader keeps several requests in flight
+
+
+def test_run_storage_option_parses_and_rejects() -> None:
+    import argparse
+
+    from benchmarks.run import _storage
+
+    assert _storage("local") is None
+    assert _storage("slow:2") == {"latency_ms": 2.0, "mbps": None}
+    assert _storage("slow:0.5:200") == {"latency_ms": 0.5, "mbps": 200.0}
+    for bad in ("slow", "slow:x", "fast:2", "slow:2:0", "slow:-1", "slow:1:2:3"):
+        with pytest.raises(argparse.ArgumentTypeError, match="slow:LATENCY_MS"):
+            _storage(bad)
