@@ -53,6 +53,14 @@ def _stored_size(size: tuple[int, int], orientation: int) -> tuple[int, int]:
     return (size[1], size[0]) if orientation in (5, 6, 7, 8) else size
 
 
+def _check_pixel_limit(height: int, width: int) -> None:
+    """Refuse a decompression bomb as ``Image.open`` does (the libjpeg-turbo route bypasses PIL)."""
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit and width * height > 2 * limit:
+        raise Image.DecompressionBombError(f"Image size ({width * height} pixels) exceeds limit of {2 * limit} "
+                                           "pixels, could be decompression bomb DOS attack.")
+
+
 def decode_pil(payload: memoryview | bytes, fmt: str, width: int, height: int,
                decode_size: tuple[int, int] | None = None, orientation: int = 0) -> Image.Image:
     """The payload as a PIL RGB image (``Image.open(original).convert("RGB")`` for lossless packs)."""
@@ -79,6 +87,7 @@ def decode_array(payload: memoryview | bytes, fmt: str, mode: str, width: int, h
             and orientation not in _TRANSPOSE:
         min_h, min_w = decode_size if decode_size is not None else (0, 0)
         try:
+            _check_pixel_limit(*simplejpeg.decode_jpeg_header(payload)[:2])  # PIL's bomb limit, as Image.open
             return simplejpeg.decode_jpeg(payload, colorspace="RGB", min_height=min_h, min_width=min_w)
         except ValueError:
             pass  # an unusual JPEG libjpeg-turbo refuses in strict mode: PIL decides

@@ -8,6 +8,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
@@ -68,6 +69,32 @@ def _check_files(reader: PackReader) -> list[dict[str, str]]:
     return problems
 
 
+def _check_manifest(reader: PackReader) -> list[dict[str, str]]:
+    """The manifest's counts must agree with the index (the manifest has no checksum of its own)."""
+    manifest, entries = reader.manifest, reader.entries
+    name = "manifest.json" if reader.backend == "shards" else "#manifest"
+    problems = []
+    labels = entries["label"].astype(np.int64)
+    per_class = np.bincount(labels[labels >= 0], minlength=len(reader.classes)).tolist()
+    if "class_counts" in manifest and manifest["class_counts"] != dict(zip(reader.classes, per_class, strict=True)):
+        problems.append("class_counts disagree with the index")
+    if manifest.get("payload_bytes") is not None and manifest["payload_bytes"] != int(entries["payload_len"].sum()):
+        problems.append("payload_bytes disagrees with the index")
+    files = manifest.get("source", {}).get("files")
+    if files is not None and files != reader.records + len(manifest["skipped"]):
+        problems.append("source files disagree with the records and skipped files")
+    # Counted with unique, not bincount: a damaged part number must not size an array.
+    numbers, counts = np.unique(entries["part"], return_counts=True)
+    per_part = dict(zip(numbers.tolist(), counts.tolist(), strict=True))
+    if reader.backend == "shards":
+        listed = [part.get("records") for part in manifest["parts"]]
+        if any(n is not None for n in listed) and per_part != {p: n for p, n in enumerate(listed) if n}:
+            problems.append("shard record counts disagree with the index")
+    elif "chunks" in manifest.get("parts", {}) and sorted(per_part) != list(range(manifest["parts"]["chunks"])):
+        problems.append("chunk count disagrees with the index")
+    return [{"file": name, "problem": problem} for problem in problems]
+
+
 def _check_record(reader: PackReader, i: int, decode: bool) -> str | None:
     """What is wrong with record ``i``, or None: its header must agree with the index, its payload
     with its CRC-32, and (with ``decode``) the image must decode completely."""
@@ -89,7 +116,10 @@ def _check_record(reader: PackReader, i: int, decode: bool) -> str | None:
             image = decode_pil(payload, PAYLOAD_FORMATS[int(entry["format"])], int(entry["width"]),
                                int(entry["height"]))
             image.load()
-        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+        except Image.DecompressionBombError as exc:
+            return (f"decompression bomb ({exc}); if the image is genuine, raise PIL.Image.MAX_IMAGE_PIXELS "
+                    "on purpose before reading")
+        except (OSError, ValueError, SyntaxError) as exc:
             return f"does not decode: {exc}"
     return None
 
@@ -98,7 +128,7 @@ def verify(path: str | os.PathLike[str], decode: bool = False, progress: bool = 
     """Check the whole pack: file checksums, then every record's header and payload CRC-32
     (and a full decode with ``decode=True``). Returns a report; ``ok`` is False if anything failed."""
     with PackReader(path) as reader:
-        file_problems = _check_files(reader)
+        file_problems = _check_files(reader) + _check_manifest(reader)
         bad = []
         for i in tqdm(range(reader.records), unit="rec", desc=f"verify {reader.path.name}", disable=not progress):
             problem = _check_record(reader, i, decode)

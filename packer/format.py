@@ -268,7 +268,27 @@ def decode_index(buf: bytes | memoryview, where: str) -> tuple[np.ndarray, bytes
         raise PackFormatError(f"{where}: index points past its paths blob; the pack is damaged")
     if count and int(entries["format"].max()) >= len(PAYLOAD_FORMATS):
         raise PackFormatError(f"{where}: index holds an unknown payload format code; the pack is damaged")
+    # Each payload follows its header and path: payload_offset == record_offset + 56 + path_len.
+    headers = entries["record_offset"] + np.uint64(RECORD_HEADER.itemsize) + entries["path_len"].astype(np.uint64)
+    wrong = (headers != entries["payload_offset"]) | (headers < entries["record_offset"])
+    if count and wrong.any():
+        raise PackFormatError(f"{where}: record {int(np.flatnonzero(wrong)[0])}: index offsets do not agree "
+                              "(payload must follow header and path); the pack is damaged")
     return entries, paths
+
+
+def check_raw_sizes(entries: np.ndarray, where: str) -> None:
+    """Refuse raw records whose payload is not ``width * height * 3`` bytes (damaged or hostile)."""
+    raw = entries["format"] == FORMAT_CODE["raw"]
+    if not raw.any():
+        return
+    sizes = entries[raw]
+    pixels = sizes["width"].astype(np.uint64) * sizes["height"].astype(np.uint64)  # < 2**64: no overflow
+    length = sizes["payload_len"]
+    bad = (length % np.uint64(RAW_CHANNELS) != 0) | (length // np.uint64(RAW_CHANNELS) != pixels)
+    if bad.any():
+        raise PackFormatError(f"{where}: record {int(np.flatnonzero(raw)[np.flatnonzero(bad)[0]])}: raw payload "
+                              "length does not match its width and height; the pack is damaged")
 
 
 def check_entries_fit(entries: np.ndarray, part_sizes: np.ndarray, where: str) -> None:
@@ -328,4 +348,45 @@ def decode_manifest(raw: bytes, where: str) -> dict[str, Any]:
     if not isinstance(manifest["skipped"], list) or not all(
             isinstance(s, dict) and isinstance(s.get("path"), str) for s in manifest["skipped"]):
         raise PackFormatError(f"{where}: manifest skipped must be a list of {{path, reason}} entries")
+    _check_optional_fields(manifest, where)
     return manifest
+
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+# Optional manifest fields that readers use, and what each must be when present (a hostile or
+# damaged manifest must give PackFormatError, not a TypeError deep inside ``info`` or ``verify``).
+_OPTIONAL_FIELDS: dict[str, tuple[str, Any]] = {
+    "class_counts": ("an object of counts", lambda v: isinstance(v, dict) and all(map(_is_int, v.values()))),
+    "payload_bytes": ("a byte count", lambda v: v is None or _is_int(v)),
+    "labelled": ("true or false", lambda v: isinstance(v, bool)),
+    "ignored": ("a list of {path, reason} entries", lambda v: isinstance(v, list) and all(
+        isinstance(s, dict) and isinstance(s.get("path"), str) for s in v)),
+    "source": ("an object", lambda v: isinstance(v, dict)),
+    "options": ("an object", lambda v: isinstance(v, dict)),
+    "index": ("an object with name, size and sha256", lambda v: isinstance(v, dict) and all(
+        isinstance(v.get(k, ""), str) for k in ("name", "sha256")) and _is_int(v.get("size", 0))),
+    "created": ("a date string", lambda v: isinstance(v, str)),
+    "packload_version": ("a version string", lambda v: isinstance(v, str)),
+}
+
+
+def _check_optional_fields(manifest: dict[str, Any], where: str) -> None:
+    for key, (expected, ok) in _OPTIONAL_FIELDS.items():
+        if key in manifest and not ok(manifest[key]):
+            raise PackFormatError(f"{where}: manifest {key} must be {expected}; the pack is damaged")
+    if "parts" not in manifest:
+        return
+    parts = manifest["parts"]
+    if manifest["backend"] == "shards":
+        good = isinstance(parts, list) and all(
+            isinstance(p, dict) and isinstance(p.get("name"), str) and _is_int(p.get("size", 0))
+            and isinstance(p.get("sha256", ""), str) for p in parts)
+        expected = "a list of {name, size, sha256} shards"
+    else:
+        good = isinstance(parts, dict) and _is_int(parts.get("chunks", 0)) and _is_int(parts.get("chunk_size", 0))
+        expected = "an object with chunks and chunk_size"
+    if not good:
+        raise PackFormatError(f"{where}: manifest parts must be {expected}; the pack is damaged")
