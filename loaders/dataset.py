@@ -22,7 +22,9 @@ from torch.utils.data import Dataset
 
 from packer.errors import ChecksumError, PackFormatError
 
-from .collate import collate_uint8
+from .batch_fill import RawGather, fill_decoded
+from .collate import collate_encoded, collate_uint8
+from .crop import CenterCrop
 from .decode import decode_array, decode_pil, to_output
 from .read import PackReader
 from .sampler import PackSampler
@@ -44,7 +46,8 @@ class PackedImageFolder(Dataset):
             reduced DCT scale that is still at least this size (faster; pixels differ slightly
             from a full decode followed by the same resize).
         exif_transpose: turn images upright by their EXIF orientation (ImageFolder does not).
-        verify: check each record's CRC-32 when it is read.
+        verify: check each record's CRC-32 when it is read (and the index against the manifest's
+            sha256 when the pack is opened).
         on_error: ``raise`` a clear error for a damaged record, or ``skip`` it with a warning and
             return the next intact record in its place (so batches keep their size).
         fast_jpeg: use libjpeg-turbo (simplejpeg) for JPEGs when installed.
@@ -67,7 +70,7 @@ class PackedImageFolder(Dataset):
         self.verify = verify
         self.on_error = on_error
         self.fast_jpeg = fast_jpeg
-        reader = PackReader(self.root)
+        reader = PackReader(self.root, check_index=verify)
         try:
             self._encoding: str = reader.encoding
             self.classes: list[str] = reader.classes
@@ -76,6 +79,7 @@ class PackedImageFolder(Dataset):
             reader.close()
         self.class_to_idx: dict[str, int] = {name: i for i, name in enumerate(self.classes)}
         self._reader: PackReader | None = None
+        self._gather: RawGather | None = None
 
     # -- ImageFolder's surface -------------------------------------------------------------
     def __len__(self) -> int:
@@ -99,56 +103,136 @@ class PackedImageFolder(Dataset):
                 return [(bytes(view), self.targets[i]) for i, view in zip(positions, views, strict=True)]
         return [self._sample(reader, i, view) for i, view in zip(positions, views, strict=True)]
 
-    def get_batch(self, indices: Sequence[int], channels_last: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def get_batch(self, indices: Sequence[int], channels_last: bool = False, *, crop: CenterCrop | None = None,
+                  pin_memory: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Read, decode and stack a whole batch: ``(B×3×H×W uint8, B int64)`` in one call.
 
-        The fast path for training loops (``loaders.batch_loader`` uses it): no per-sample tensors
-        and nothing per sample pickled between processes. Images must come out one size: a raw pack
-        of one size, or a ``transform`` that crops or resizes to one size. For a raw pack without a
-        transform, pixels are copied straight from the memory map into the batch. With
-        ``channels_last`` the batch is ``B×3×H×W`` in channels-last memory (one copy cheaper).
+        The fast path for training loops (``PackLoader`` and ``batch_loader`` use it): every image
+        is written straight into one preallocated batch, with no per-sample tensors and nothing
+        pickled. Images must come out one size: a ``crop`` (``CenterCrop``, applied to every image,
+        with reduced-scale JPEG decoding), a pack whose images are all one size, or, without a
+        crop, the dataset's ``transform`` if it makes one size. Raw pixels are gathered straight
+        from the memory map. ``channels_last`` gives channels-last memory (no transpose copy);
+        ``pin_memory`` page-locked memory (when CUDA is available).
         """
         reader = self.reader()
-        positions = reader.positions(indices).tolist()
-        labels = torch.from_numpy(reader.entries["label"][positions].astype(np.int64))
-        if not (self.encoding == "raw" and self.transform is None and not self.exif_transpose):
-            images, _ = collate_uint8(self.__getitems__(positions))
+        positions = reader.positions(indices)
+        if crop is None and self.transform is not None:  # the caller's transform decides the size
+            images, labels = collate_uint8(self.__getitems__(positions.tolist()), pin_memory=pin_memory)
             return (images.contiguous(memory_format=torch.channels_last) if channels_last else images), labels
-        entries = reader.entries[positions]
-        height, width = int(entries["height"][0]), int(entries["width"][0])
-        if (entries["height"] != height).any() or (entries["width"] != width).any():
-            raise ValueError(f"{self.root}: raw images of different sizes cannot share a batch; "
-                             "pack with --size HxW, or give a transform that crops to one size")
-        shape = (len(positions), height, width, 3) if channels_last else (len(positions), 3, height, width)
-        batch = torch.empty(shape, dtype=torch.uint8)
-        pixels = batch.numpy()
-        try:
-            reader.copy_raw(np.asarray(positions, dtype=np.int64), pixels, self.verify, chw=not channels_last)
-        except ChecksumError:
-            if self.on_error == "raise":
-                raise
-            for k, view in enumerate(self._payloads_or_substitutes(reader, positions)):
-                image = np.frombuffer(view, np.uint8).reshape(height, width, 3)
-                pixels[k] = image if channels_last else image.transpose(2, 0, 1)
-        return (batch.permute(0, 3, 1, 2) if channels_last else batch), labels
+        pin = pin_memory and torch.cuda.is_available()
+        if crop is None and self.encoding == "raw" and not self.exif_transpose:
+            try:
+                return self._gather_batch(reader, positions, channels_last, pin)
+            except ChecksumError:
+                if self.on_error == "raise":
+                    raise  # else decode record by record below, replacing the damaged ones
+        return self._decode_batch(reader, positions, crop, channels_last, pin)
 
-    def _payloads_or_substitutes(self, reader: PackReader, positions: list[int]) -> list[memoryview]:
-        """Payload views; with ``on_error="skip"`` a damaged record's place goes to the next intact one."""
+    def get_encoded_batch(self, indices: Sequence[int], *,
+                          pin_memory: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A batch's stored payloads, undecoded: one flat uint8 tensor, ``B+1`` int64 offsets and ``B``
+        int64 labels (record ``i`` is ``data[offsets[i]:offsets[i+1]]``), as ``collate_encoded`` gives.
+
+        For decoding elsewhere (for example nvJPEG on the GPU), or for moving packs' bytes at the
+        speed of the disk: one copy per batch, nothing per sample. ``verify`` and ``on_error`` apply.
+        """
+        reader = self.reader()
+        positions = reader.positions(indices)
         try:
-            return reader.payloads(positions, verify=self.verify)
+            chosen, views = positions.tolist(), reader.payloads(positions, verify=self.verify)
         except ChecksumError:
             if self.on_error == "raise":
                 raise
-        views = []
+            chosen, views = self._intact(reader, positions.tolist())
+        labels = reader.entries["label"][np.asarray(chosen, dtype=np.int64)].tolist()
+        return collate_encoded(list(zip(views, labels, strict=True)), pin_memory=pin_memory)
+
+    def _gather_batch(self, reader: PackReader, positions: np.ndarray, channels_last: bool,
+                      pin: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """A raw batch copied straight from the memory map (no decode)."""
+        plan = self._raw_gather(reader)
+        if pin or self.verify or plan.size is None:
+            height, width = plan.size if plan.size is not None else self._batch_size_of(reader, positions, None)
+            hwc = torch.empty((len(positions), height, width, 3), dtype=torch.uint8, pin_memory=pin and channels_last)
+            plan(positions, hwc.numpy(), self.verify)
+        else:
+            hwc = torch.from_numpy(plan(positions))
+        images = hwc.permute(0, 3, 1, 2)
+        if not channels_last:
+            images = torch.empty(images.shape, dtype=torch.uint8, pin_memory=pin).copy_(images)
+        labels = torch.from_numpy(plan.labels[positions])
+        return images, (labels.pin_memory() if pin else labels)
+
+    def _decode_batch(self, reader: PackReader, positions: np.ndarray, crop: CenterCrop | None, channels_last: bool,
+                      pin: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """A batch decoded (and cropped) record by record, damaged records replaced under ``on_error="skip"``."""
+        height, width = self._batch_size_of(reader, positions, crop)
+        count = len(positions)
+        if channels_last:
+            images = torch.empty((count, height, width, 3), dtype=torch.uint8, pin_memory=pin).permute(0, 3, 1, 2)
+        else:
+            images = torch.empty((count, 3, height, width), dtype=torch.uint8, pin_memory=pin)
+        replace = self._replacer(reader)
+        try:
+            views = reader.payloads(positions, verify=self.verify)
+            chosen = positions.tolist()
+        except ChecksumError:
+            if self.on_error == "raise":
+                raise
+            chosen, views = self._intact(reader, positions.tolist())
+        chosen = fill_decoded(reader, chosen, views, images, crop=crop, fast_jpeg=self.fast_jpeg,
+                              exif_transpose=self.exif_transpose, replace=replace)
+        labels = torch.from_numpy(reader.entries["label"][np.asarray(chosen, dtype=np.int64)].astype(np.int64))
+        return images, (labels.pin_memory() if pin else labels)
+
+    def _raw_gather(self, reader: PackReader) -> RawGather:
+        """The raw-batch gatherer of this process's reader (built on first use)."""
+        if self._gather is None or self._gather.reader is not reader:
+            self._gather = RawGather(reader)
+        return self._gather
+
+    def _batch_size_of(self, reader: PackReader, positions: np.ndarray, crop: CenterCrop | None) -> tuple[int, int]:
+        """(height, width) of the batch: the crop's, or the one size every record has."""
+        if crop is not None:
+            return crop.size, crop.size
+        entries = reader.entries[positions]
+        heights, widths = entries["height"], entries["width"]
+        if self.exif_transpose:  # orientations 5-8 are stored sideways
+            sideways = np.isin(entries["orientation"], (5, 6, 7, 8))
+            heights, widths = np.where(sideways, widths, heights), np.where(sideways, heights, widths)
+        if len(positions) and ((heights != heights[0]).any() or (widths != widths[0]).any()):
+            raise ValueError(f"{self.root}: images of different sizes cannot share a batch; pack with "
+                             "--size HxW, or give a crop (or a transform) that makes one size")
+        return (int(heights[0]), int(widths[0])) if len(positions) else (0, 0)
+
+    def _replacer(self, reader: PackReader) -> Callable[[int, Exception], tuple[int, memoryview]] | None:
+        """With ``on_error="skip"``: the next intact record after a damaged one (None: raise)."""
+        if self.on_error == "raise":
+            return None
+
+        def replace(index: int, error: Exception) -> tuple[int, memoryview]:
+            warnings.warn(f"skipping damaged {reader.where(index)}: {error}", stacklevel=4)
+            chosen, views = self._intact(reader, [(index + 1) % len(self)])
+            return chosen[0], views[0]
+
+        return replace
+
+    def _intact(self, reader: PackReader, positions: list[int]) -> tuple[list[int], list[memoryview]]:
+        """Each record's payload, or, for a damaged one, the next intact record's (with a warning)."""
+        chosen, views = [], []
         for index in positions:
             for attempt in range(len(self)):
                 candidate = (index + attempt) % len(self)
                 try:
                     views.append(reader.payload(candidate, verify=True))
+                    chosen.append(candidate)
                     break
                 except ChecksumError as exc:
-                    warnings.warn(f"skipping damaged {reader.where(candidate)}: {exc}", stacklevel=3)
-        return views
+                    warnings.warn(f"skipping damaged {reader.where(candidate)}: {exc}", stacklevel=4)
+            else:
+                raise PackFormatError(f"{self.root}: no intact record left to return")
+        return chosen, views
 
     @property
     def encoding(self) -> str:
@@ -181,7 +265,7 @@ class PackedImageFolder(Dataset):
     def reader(self) -> PackReader:
         """This process's reader, opened on first use (and again after a fork or ``close``)."""
         if self._reader is None or self._reader.closed or self._reader.pid != os.getpid():
-            self._reader = PackReader(self.root)
+            self._reader = PackReader(self.root, check_index=self.verify)
         return self._reader
 
     def close(self) -> None:
@@ -189,6 +273,7 @@ class PackedImageFolder(Dataset):
         if self._reader is not None and self._reader.pid == os.getpid():
             self._reader.close()
         self._reader = None
+        self._gather = None
 
     def _sample(self, reader: PackReader, index: int, view: memoryview | None) -> tuple[Any, Any]:
         for attempt in range(len(self)):
@@ -232,6 +317,7 @@ class PackedImageFolder(Dataset):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_reader"] = None  # OS resources stay in the process that opened them
+        state["_gather"] = None
         return state
 
     def __repr__(self) -> str:

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import hashlib
 import mmap
 import os
 import zlib
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,7 @@ from packer.format import (
     SHARD_HEADER,
     SHARD_MAGIC,
     check_entries_fit,
+    check_raw_sizes,
     decode_index,
     decode_manifest,
     entry_path,
@@ -42,6 +45,8 @@ from packer.format import (
 )
 
 PAGE = mmap.PAGESIZE
+_GRANULE_SHIFT = 17  # prefetch in whole 128 KiB granules: a FUSE request's and the default readahead's size
+_RUN_GAP = 1 << 20  # records closer than this are prefetched as one run (a sampler block's sparse picks)
 _MADV_WILLNEED = 3
 _libc: Any = None
 
@@ -54,6 +59,57 @@ def _madvise_willneed(view: memoryview) -> None:
     address = np.frombuffer(view, np.uint8).ctypes.data
     start = address - address % PAGE
     _libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(address + len(view) - start), _MADV_WILLNEED)
+
+
+class _ParallelFetcher:
+    """Fill the page cache for byte ranges of files with many positioned reads in flight at once.
+
+    On network and FUSE filesystems ``MADV_WILLNEED`` and readahead keep only one or two requests
+    in flight, so a batch's runs arrive one round trip after another; reading them in 128 KiB pieces
+    from a few threads overlaps the round trips. The bytes read are dropped: the memory maps then
+    find the pages cached. Threads are started lazily, again in a forked child."""
+
+    def __init__(self, threads: int = 16) -> None:
+        self.threads = threads
+        self._pool: ThreadPoolExecutor | None = None
+        self._pid = 0
+
+    def pool(self) -> ThreadPoolExecutor:
+        if self._pool is None or self._pid != os.getpid():
+            self._pool, self._pid = ThreadPoolExecutor(self.threads, thread_name_prefix="packload-fetch"), os.getpid()
+        return self._pool
+
+    def fetch(self, ranges: list[tuple[int, int, int]]) -> None:
+        """Read every ``(fd, offset, length)`` range; returns when all are in the page cache."""
+        step = 1 << _GRANULE_SHIFT
+        pieces = [(fd, o, min(step, off + n - o)) for fd, off, n in ranges for o in range(off, off + n, step)]
+        for _ in self.pool().map(_read_piece, pieces):
+            pass
+
+    def close(self) -> None:
+        if self._pool is not None and self._pid == os.getpid():
+            self._pool.shutdown(wait=False)
+        self._pool = None
+
+
+def _read_piece(piece: tuple[int, int, int]) -> None:
+    fd, offset, length = piece
+    try:
+        os.pread(fd, length, offset)
+    except OSError:
+        pass  # only a hint: the memory map reports real errors when the bytes are used
+
+
+def _parallel_reads(path: Path) -> bool:
+    """Whether to prefetch with parallel reads: on network and FUSE filesystems, unless
+    ``PACKLOAD_PARALLEL_READS`` is set to 0 (never) or 1 (always)."""
+    forced = os.environ.get("PACKLOAD_PARALLEL_READS")
+    if forced in ("0", "1"):
+        return forced == "1"
+    from loaders.machine import storage_facts
+
+    facts = storage_facts(str(path))
+    return bool(facts["network"] or facts["fuse"])
 
 
 class _SharedEnvironments:
@@ -114,8 +170,13 @@ def detect_backend(path: Path) -> str:
 class PackReader:
     """Read-only access to one pack: its manifest, its index and each record's payload."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], check_index: bool = False) -> None:
+        """``check_index``: compare the index with the manifest's sha256 before trusting it (what
+        ``verify=True`` readers do, so a damaged label, offset or orientation is an error too)."""
         self.path = Path(path)
+        if self.path.name.endswith(".partial"):  # pack writes DEST.partial and renames it when done
+            raise IncompletePackError(f"{self.path}: an unfinished pack (it did not finish, or was never renamed "
+                                      "into place); finish it with `pack SRC DEST --resume`")
         self.backend = detect_backend(self.path)
         self.pid = os.getpid()
         self._maps: dict[int, mmap.mmap] = {}
@@ -123,7 +184,10 @@ class PackReader:
         self._txn: Any = None
         self._chunk_cache: tuple[int, memoryview] | None = None
         self.closed = False
-        self._advised: set[tuple[int, int]] = set()  # (part, MiB) already asked for with MADV_WILLNEED
+        self._advised: set[tuple[int, int]] = set()  # (part, granule) already asked for with MADV_WILLNEED
+        self._fetcher: _ParallelFetcher | None = None  # set up by the first prefetch on network/FUSE storage
+        self._fds: dict[int, int] = {}  # part (-1: the LMDB file) -> descriptor for the parallel reads
+        self._chunk_offsets: dict[int, int] = {}  # LMDB chunk -> its offset in the file
         try:
             if self.backend == "shards":
                 self._open_shards()
@@ -133,6 +197,14 @@ class PackReader:
             if self.records != self.manifest["records"]:
                 raise PackFormatError(f"{self.path}: manifest says {self.manifest['records']} records, "
                                       f"index holds {self.records}; the pack is damaged")
+            labels = self.entries["label"]
+            if self.records and (int(labels.min()) < -1 or int(labels.max()) >= max(1, len(self.classes))
+                                 or (not self.classes and int(labels.max()) != -1)):
+                raise PackFormatError(f"{self.path}: index holds labels outside the manifest's "
+                                      f"{len(self.classes)} classes; the pack is damaged")
+            check_raw_sizes(self.entries, str(self.path))
+            if check_index:
+                self._check_index_digest()
         except BaseException:
             self.close()
             raise
@@ -182,22 +254,36 @@ class PackReader:
     def _open_lmdb(self) -> None:
         try:
             self._env, self._env_key = _ENVIRONMENTS.acquire(self.path)
+            self._txn = self._env.begin(buffers=True)
         except lmdb.Error as exc:
             raise UsageError(f"{self.path}: cannot open as an LMDB pack ({exc}); give the .lmdb file "
                              "that `pack` wrote") from None
-        self._txn = self._env.begin(buffers=True)
-        raw = self._txn.get(LMDB_MANIFEST_KEY)
+        raw = self._get(LMDB_MANIFEST_KEY, "the manifest")
         if raw is None:
             raise IncompletePackError(f"{self.path}: no manifest: this pack did not finish; "
                                       "finish it with `pack SRC DEST --resume`")
         self.manifest = decode_manifest(bytes(raw), str(self.path))
         if self.manifest["backend"] != "lmdb":
             raise PackFormatError(f"{self.path}: manifest is for a {self.manifest['backend']} pack")
-        index = self._txn.get(LMDB_INDEX_KEY)
+        index = self._get(LMDB_INDEX_KEY, "the index")
         if index is None:
             raise PackFormatError(f"{self.path}: no index; the pack is damaged")
         self.entries, self.paths = decode_index(index, str(self.path))
         self.part_names = []
+
+    def _get(self, key: bytes, what: str) -> memoryview | None:
+        """A value of the LMDB file; a damaged B-tree page is our error, not LMDB's."""
+        try:
+            return self._txn.get(key)
+        except lmdb.Error as exc:
+            raise PackFormatError(f"{self.path}: cannot read {what} ({exc}); the LMDB file is damaged: "
+                                  "copy it again") from None
+
+    def _check_index_digest(self) -> None:
+        expected = self.manifest.get("index", {}).get("sha256")
+        if hashlib.sha256(self.index_bytes()).hexdigest() != expected:
+            raise ChecksumError(f"{self.path}: the index does not match the sha256 in the manifest; the pack "
+                                "is damaged: re-copy it, or run `packload verify` on it")
 
     # -- metadata --------------------------------------------------------------------------
     @property
@@ -251,7 +337,7 @@ class PackReader:
     def _chunk(self, part: int) -> memoryview:
         if self._chunk_cache is not None and self._chunk_cache[0] == part:
             return self._chunk_cache[1]
-        value = self._txn.get(lmdb_chunk_key(part))
+        value = self._get(lmdb_chunk_key(part), f"chunk {part}")
         if value is None:
             raise PackFormatError(f"{self.path}: chunk {part} is missing; the pack is damaged")
         self._chunk_cache = (part, value)
@@ -312,67 +398,93 @@ class PackReader:
                                         "damaged; re-copy the pack or re-pack the source")
         return out
 
-    def copy_raw(self, positions: np.ndarray, out: np.ndarray, verify: bool = False, chw: bool = False) -> None:
-        """Copy the raw pixels of records ``positions`` (in 0..records-1) into ``out``, B×H×W×3
-        uint8 (or B×3×H×W with ``chw``), straight from the memory map: the fast path for raw packs."""
-        entries = self.entries[positions]
-        if len(positions) > 1:
-            self._prefetch(entries)
-        size = out[0].nbytes if len(out) else 0
-        if (entries["payload_len"] != size).any():
-            bad = int(positions[np.flatnonzero(entries["payload_len"] != size)[0]])
-            raise ValueError(f"{self.where(bad)}: raw payload is not {out.shape[1:]} pixels")
-        arrays: dict[int, np.ndarray] = {}
-        shape = (out.shape[2], out.shape[3], out.shape[1]) if chw else out.shape[1:]
-        for k, (part, start) in enumerate(zip(entries["part"].tolist(), entries["payload_offset"].tolist(),
-                                              strict=True)):
-            array = arrays.get(part)
-            if array is None:
-                array = arrays[part] = np.frombuffer(self.part_view(part), np.uint8)
-            if start + size > len(array):
-                raise PackFormatError(f"{self.where(int(positions[k]))}: payload runs past the end of its part")
-            pixels = array[start : start + size].reshape(shape)
-            out[k] = pixels.transpose(2, 0, 1) if chw else pixels
-            if verify and zlib.crc32(pixels) != int(entries["payload_crc32"][k]):
-                raise ChecksumError(f"{self.where(int(positions[k]))}: checksum mismatch, the stored bytes "
-                                    "are damaged; re-copy the pack or re-pack the source")
-
     def _prefetch(self, entries: np.ndarray) -> None:
-        """``MADV_WILLNEED`` over each run of the given records that lie close together in one part
-        and span at least 64 KiB (smaller runs are covered by a page fault's own read-around)."""
+        """Fetch each run of the given records that lie close together in one part, widened to whole
+        128 KiB granules: ``MADV_WILLNEED`` on local disks, parallel positioned reads on network and
+        FUSE storage (:class:`_ParallelFetcher`). Every run is fetched, small ones too, so a batch's
+        requests overlap where page faults would wait one round trip each (README, "Slow storage")."""
         entries = np.sort(entries, order=["part", "record_offset"])
         parts = entries["part"].astype(np.int64)
         starts = entries["record_offset"].astype(np.int64)
         ends = (entries["payload_offset"] + entries["payload_len"]).astype(np.int64)
         # A new run starts where the part changes or the gap to the previous record is large.
         first = np.ones(len(entries), dtype=bool)
-        first[1:] = (parts[1:] != parts[:-1]) | (starts[1:] - ends[:-1] > 256 * 1024)
+        first[1:] = (parts[1:] != parts[:-1]) | (starts[1:] - ends[:-1] > _RUN_GAP)
         run_starts = np.flatnonzero(first)
         run_ends = np.append(run_starts[1:], len(entries)) - 1
-        spans = np.maximum.reduceat(ends, run_starts) - starts[run_starts]
-        for lo, hi in zip(run_starts[spans >= 64 * 1024].tolist(), run_ends[spans >= 64 * 1024].tolist(),
-                          strict=True):
+        if self._fetcher is None:
+            self._fetcher = _ParallelFetcher() if _parallel_reads(self.path) else _ParallelFetcher(0)
+        ranges: list[tuple[int, int, int]] = []
+        if self._fetcher.threads and self.backend == "lmdb":
+            self._locate_chunks(np.unique(parts).tolist())
+        for lo, hi in zip(run_starts.tolist(), run_ends.tolist(), strict=True):
             part, start, stop = int(parts[lo]), int(starts[lo]), int(ends[lo : hi + 1].max())
-            granules = {(part, g) for g in range(start >> 20, ((stop - 1) >> 20) + 1)}
+            size = len(self.part_view(part))
+            stop = min(stop, size)  # a damaged length must not make a huge set below
+            if start < 0 or stop <= start:
+                continue
+            first_g, last_g = start >> _GRANULE_SHIFT, (stop - 1) >> _GRANULE_SHIFT
+            start, stop = first_g << _GRANULE_SHIFT, min(size, (last_g + 1) << _GRANULE_SHIFT)
+            granules = {(part, g) for g in range(first_g, last_g + 1)}
             if granules <= self._advised:
                 continue  # asked for already: the kernel has it or is reading it
             if len(self._advised) > 1 << 17:
                 self._advised.clear()
             self._advised |= granules
-            view = self.part_view(part)
-            if min(stop, len(view)) > start:
-                _madvise_willneed(view[start : min(stop, len(view))])
+            if self._fetcher.threads:
+                ranges.append(self._file_range(part, start, stop))
+            else:
+                _madvise_willneed(self.part_view(part)[start:stop])
+        if ranges:
+            self._fetcher.fetch(ranges)
+
+    def _file_range(self, part: int, start: int, stop: int) -> tuple[int, int, int]:
+        """``(fd, file offset, length)`` of bytes ``start:stop`` of ``part``."""
+        key = part if self.backend == "shards" else -1
+        fd = self._fds.get(key)
+        if fd is None:
+            fd = self._fds[key] = os.open(self.path / self.part_names[part] if key >= 0 else self.path, os.O_RDONLY)
+        if key >= 0:
+            return fd, start, stop - start
+        return fd, self._chunk_offsets[part] + start, stop - start
+
+    def _locate_chunks(self, parts: list[int]) -> None:
+        """File offsets of LMDB chunks not located yet, looked up from the fetcher's threads (each
+        lookup may wait on storage for a B-tree or overflow page), so the waits overlap."""
+        missing = [p for p in parts if p not in self._chunk_offsets]
+        if not missing:
+            return
+        env = self._env
+        base = env.info()["map_addr"]  # chunk views point into LMDB's map of the whole file
+
+        def locate(part: int) -> tuple[int, int | None]:
+            try:
+                with env.begin(buffers=True) as txn:
+                    value = txn.get(lmdb_chunk_key(part))
+                    return part, None if value is None else np.frombuffer(value, np.uint8).ctypes.data - base
+            except lmdb.Error:
+                return part, None  # the reader's own lookup reports it
+
+        assert self._fetcher is not None
+        for part, offset in self._fetcher.pool().map(locate, missing):
+            if offset is not None:
+                self._chunk_offsets[part] = offset
 
     def index_bytes(self) -> bytes:
         """The index exactly as stored (for checksums)."""
         if self.backend == "shards":
             return bytes(self._index_map)
-        return bytes(self._txn.get(LMDB_INDEX_KEY))
+        return bytes(self._get(LMDB_INDEX_KEY, "the index"))
 
     def close(self) -> None:
         """Release the maps and the LMDB environment."""
         self.closed = True
         self._chunk_cache = None
+        if getattr(self, "_fetcher", None) is not None:
+            self._fetcher.close()
+        for fd in getattr(self, "_fds", {}).values():
+            os.close(fd)
+        self._fds = {}
         if self._txn is not None:
             self._txn.abort()
             self._txn = None
