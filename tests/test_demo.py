@@ -18,8 +18,9 @@ def test_demo_generates_packs_loads_tunes_and_reports(tmp_path, capsys):
     for name in ("demo.lmdb", "demo.shards"):
         assert result["packs"][name]["records"] == 120
         assert len(PackedImageFolder(tmp_path / "d" / name)) == 120
-    for kind in ("bytes", "decode+crop"):
-        assert set(result["samples_per_s"][kind]) == {"folder", "demo.lmdb", "demo.shards"}
+    sources = {"folder", "demo.lmdb", "demo.shards"}
+    for kind, expected in (("bytes", sources), ("decode+crop", sources | {"PackLoader"})):
+        assert set(result["samples_per_s"][kind]) == expected
         assert all(rate > 0 for rate in result["samples_per_s"][kind].values())
     assert result["tune"]["verdict"] in ("input-bound", "compute-bound")
     assert any(line.strip().startswith("verdict:") for line in result["report"])
