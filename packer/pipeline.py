@@ -285,6 +285,20 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: s
     }
 
 
+def write_or_skip(item: Encoded | Skipped, pos: int, root: Path, writer: ShardsWriter | LmdbWriter,
+                  skipped: list[dict[str, Any]], strict: bool) -> int:
+    """Write an encoded record, or list a skipped file (an error under ``strict``); returns the source
+    bytes written."""
+    if isinstance(item, Skipped):
+        if strict:
+            raise SkippedFileError(f"{root / item.path}: {item.reason}; fix or remove the file, "
+                                   "or pack without --strict to skip it and list it in the manifest")
+        skipped.append({"path": item.path, "reason": item.reason, "pos": pos})
+        return 0
+    writer.write(item)
+    return item.source_bytes
+
+
 def pack_size(path: Path) -> int:
     """Bytes the pack takes: the LMDB file, or every file of the shards folder."""
     if path.is_dir():
@@ -305,14 +319,7 @@ def _write_all(scan: ScanResult, writer: ShardsWriter | LmdbWriter, start: int, 
     tick = time.perf_counter()
     try:
         for pos, item in enumerate(_encoded_stream(scan.root, scan.samples, start, options, workers), start):
-            if isinstance(item, Skipped):
-                if strict:
-                    raise SkippedFileError(f"{scan.root / item.path}: {item.reason}; fix or remove the file, "
-                                           "or pack without --strict to skip it and list it in the manifest")
-                skipped.append({"path": item.path, "reason": item.reason, "pos": pos})
-            else:
-                writer.write(item)
-                written_bytes += item.source_bytes
+            written_bytes += write_or_skip(item, pos, scan.root, writer, skipped, strict)
             if pos % 64 == 63:
                 bar.update(64)
             now = time.monotonic()

@@ -29,8 +29,8 @@ from tqdm import tqdm
 
 from . import __version__
 from .combine import ShardPayloads, ShardSource, copy_records, joined_index, place_shards
-from .encode import EncodeOptions, Skipped
-from .errors import PackloadError, SkippedFileError, UsageError
+from .encode import EncodeOptions
+from .errors import PackloadError, UsageError
 from .format import FORMAT_NAME, FORMAT_VERSION, INDEX_NAME, MANIFEST_NAME, decode_index, encode_manifest
 from .pipeline import (
     DEFAULT_SHARD_SIZE,
@@ -43,6 +43,7 @@ from .pipeline import (
     io_bound,
     pack_size,
     partial_path,
+    write_or_skip,
 )
 from .scan import Sample, printable, scan_folder
 from .write_lmdb import LmdbWriter
@@ -128,14 +129,7 @@ def pack_range(task: int, root: str, samples: list[Sample], first_pos: int, clas
     threads = IO_THREADS if io_bound(options) else 1
     try:
         for pos, item in enumerate(_encoded_stream(Path(root), samples, 0, options, threads), first_pos):
-            if isinstance(item, Skipped):
-                if strict:
-                    raise SkippedFileError(f"{Path(root) / item.path}: {item.reason}; fix or remove the file, "
-                                           "or pack without --strict to skip it and list it in the manifest")
-                skipped.append({"path": item.path, "reason": item.reason, "pos": pos})
-            else:
-                writer.write(item)
-                source_bytes += item.source_bytes
+            source_bytes += write_or_skip(item, pos, Path(root), writer, skipped, strict)
         encode_seconds = time.perf_counter() - started
         # A task folder is a small pack of its own (its manifest is replaced by the driver's).
         writer.finish({"format": FORMAT_NAME, "version": FORMAT_VERSION, "backend": "shards",

@@ -96,6 +96,16 @@ def pack_small(source: Path, dst: Path, **kwargs: Any) -> dict[str, Any]:
         return pack(source, dst, workers=1, progress=False, shard_size=SHARD_SIZE, **kwargs)
 
 
+def both_backends(root: Path, per_class: int) -> dict[str, Path]:
+    """A generated source under ``root`` packed into a small LMDB pack and a small shards pack."""
+    source = make_source(root / "src", per_class=per_class)
+    out = {}
+    for backend in ("lmdb", "shards"):
+        out[backend] = root / f"p.{backend}"
+        pack_small(source, out[backend])
+    return out
+
+
 def records_of(path: Path) -> list[tuple[str, int, bytes]]:
     """(original path, label, payload) of every record, each payload checked against its CRC."""
     from loaders import PackReader

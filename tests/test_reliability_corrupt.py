@@ -11,24 +11,17 @@ from pathlib import Path
 import pytest
 
 from tests.reliability_tools import (
+    both_backends,
     corruption_campaign,
     corruption_regions,
     fuzz_decoders,
-    make_source,
     manifest_field,
-    pack_small,
 )
 
 
 @pytest.fixture(scope="module")
 def packs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("corrupt")
-    source = make_source(root / "src", per_class=10)
-    out = {}
-    for backend in ("lmdb", "shards"):
-        out[backend] = root / f"p.{backend}"
-        pack_small(source, out[backend])
-    return out
+    return both_backends(tmp_path_factory.mktemp("corrupt"), per_class=10)
 
 
 @pytest.mark.parametrize("backend", ["lmdb", "shards"])

@@ -9,18 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.reliability_tools import load_check, make_source, pack_small
+from tests.reliability_tools import both_backends, load_check
 
 
 @pytest.fixture(scope="module")
 def packs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("load")
-    source = make_source(root / "src", per_class=16)
-    out = {}
-    for backend in ("lmdb", "shards"):
-        out[backend] = root / f"p.{backend}"
-        pack_small(source, out[backend])
-    return out
+    return both_backends(tmp_path_factory.mktemp("load"), per_class=16)
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")
