@@ -17,13 +17,12 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
-from PIL import Image
 
 from packer.errors import PackFormatError
 from packer.format import PAYLOAD_FORMATS
 
 from .crop import CenterCrop
-from .decode import decode_array, raw_array
+from .decode import DECODE_ERRORS, decode_array, decode_failure, raw_array
 from .read import PackReader
 
 Replace = Callable[[int, Exception], tuple[int, memoryview]]
@@ -88,15 +87,16 @@ class RawGather:
                 raise ValueError(f"{self.reader.where(bad)}: payload of {int(lengths[lengths != record_bytes][0])} "
                                  f"bytes, not the {out.shape[1:]} pixels of the batch; pack with --size HxW or "
                                  "give a crop")
-        dest = out.reshape(count, record_bytes).view(np.dtype((np.void, record_bytes))).reshape(count)
-        offsets = self.offsets[positions]
-        parts = self.parts[positions]
-        unique_parts = np.unique(parts)
         if verify:  # one record at a time, through the reader's checks
             flat = out.reshape(count, record_bytes)
             for k, view in enumerate(self.reader.payloads(positions, verify=True)):
                 flat[k] = np.frombuffer(view, np.uint8)
-        elif len(unique_parts) > _FEW_PARTS:  # scattered over many parts (LMDB chunks): record by record
+            return out
+        dest = out.reshape(count, record_bytes).view(np.dtype((np.void, record_bytes))).reshape(count)
+        offsets = self.offsets[positions]
+        parts = self.parts[positions]
+        unique_parts = np.unique(parts)
+        if len(unique_parts) > _FEW_PARTS:  # scattered over many parts (LMDB chunks): record by record
             for k, (part, start) in enumerate(zip(parts.tolist(), offsets.tolist(), strict=True)):
                 source = self._source(part)
                 if start >= len(source):
@@ -167,11 +167,8 @@ def _decode(reader: PackReader, index: int, view: memoryview, crop: CenterCrop |
         mode = entry["mode"].decode("ascii", "replace")
         return decode_array(view, fmt, mode, width, height, _decode_size(crop, height, width, orientation),
                             orientation, fast_jpeg)
-    except Image.DecompressionBombError as exc:
-        raise PackFormatError(f"{reader.where(index)}: {exc}; if the image is genuine, raise "
-                              "PIL.Image.MAX_IMAGE_PIXELS on purpose before reading") from None
-    except (OSError, ValueError, SyntaxError) as exc:
-        raise PackFormatError(f"{reader.where(index)}: cannot decode ({exc}); run `packload verify` on the pack") from exc
+    except DECODE_ERRORS as exc:
+        raise decode_failure(exc, reader.where(index)) from exc
 
 
 def _decode_size(crop: CenterCrop | None, height: int, width: int, orientation: int) -> tuple[int, int] | None:

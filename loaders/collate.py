@@ -18,12 +18,12 @@ def collate_uint8(batch: Sequence[tuple[Any, Any]], pin_memory: bool = False) ->
     """
     if not batch:
         raise ValueError("cannot collate an empty batch")
-    first = _as_chw(batch[0][0])
+    first = as_chw(batch[0][0])
     pin = pin_memory and torch.cuda.is_available()
     images = torch.empty((len(batch), *first.shape), dtype=torch.uint8, pin_memory=pin)
     target = images.numpy()  # shares memory: filled in place, one copy per image
     for i, (image, _) in enumerate(batch):
-        chw = first if i == 0 else _as_chw(image)
+        chw = first if i == 0 else as_chw(image)
         if chw.shape != first.shape:
             raise ValueError(f"sample {i} is {tuple(chw.shape)}, sample 0 is {tuple(first.shape)}; "
                              "resize or crop to one size before collating")
@@ -34,7 +34,7 @@ def collate_uint8(batch: Sequence[tuple[Any, Any]], pin_memory: bool = False) ->
     return images, labels
 
 
-def _as_chw(image: Any) -> np.ndarray:
+def as_chw(image: Any) -> np.ndarray:
     """A 3xHxW uint8 view of an HxWx3 array, a PIL RGB image or a 3xHxW uint8 tensor."""
     if isinstance(image, torch.Tensor):
         if image.dtype != torch.uint8 or image.dim() != 3 or image.shape[0] != 3:

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 from PIL import Image
+
+from .collate import as_chw
 
 
 @dataclass(frozen=True)
@@ -73,24 +74,12 @@ class CenterCrop:
         _resize_into(np.ascontiguousarray(square), out)
 
     def __call__(self, image: Image.Image | np.ndarray | torch.Tensor) -> np.ndarray:
-        array = _hwc_uint8(image)
+        if isinstance(image, Image.Image) and image.mode != "RGB":
+            image = image.convert("RGB")
+        array = as_chw(image).transpose(1, 2, 0)
         out = torch.empty((self.size, self.size, 3), dtype=torch.uint8)
         self.into(array, out.permute(2, 0, 1))
         return out.numpy()
-
-
-def _hwc_uint8(image: Any) -> np.ndarray:
-    """An HxWx3 uint8 array from a PIL image, an HxWx3 array or a 3xHxW uint8 tensor."""
-    if isinstance(image, torch.Tensor):
-        if image.dtype != torch.uint8 or image.dim() != 3 or image.shape[0] != 3:
-            raise ValueError(f"expected a 3xHxW uint8 tensor, got {image.dtype} {tuple(image.shape)}")
-        return image.permute(1, 2, 0).numpy()
-    if isinstance(image, Image.Image):
-        image = image.convert("RGB") if image.mode != "RGB" else image
-    array = np.asarray(image)
-    if array.dtype != np.uint8 or array.ndim != 3 or array.shape[2] != 3:
-        raise ValueError(f"expected an HxWx3 uint8 image, got {array.dtype} {array.shape}")
-    return array
 
 
 def _resize_into(image: np.ndarray, out: torch.Tensor) -> None:

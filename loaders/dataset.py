@@ -22,10 +22,10 @@ from torch.utils.data import Dataset
 
 from packer.errors import ChecksumError, PackFormatError
 
-from .batch_fill import RawGather, fill_decoded
+from .batch_fill import RawGather, Replace, fill_decoded
 from .collate import collate_encoded, collate_uint8
 from .crop import CenterCrop
-from .decode import decode_array, decode_pil, to_output
+from .decode import DECODE_ERRORS, decode_array, decode_failure, decode_pil, to_output
 from .read import PackReader
 from .sampler import PackSampler
 
@@ -139,12 +139,7 @@ class PackedImageFolder(Dataset):
         """
         reader = self.reader()
         positions = reader.positions(indices)
-        try:
-            chosen, views = positions.tolist(), reader.payloads(positions, verify=self.verify)
-        except ChecksumError:
-            if self.on_error == "raise":
-                raise
-            chosen, views = self._intact(reader, positions.tolist())
+        chosen, views = self._payloads(reader, positions)
         labels = reader.entries["label"][np.asarray(chosen, dtype=np.int64)].tolist()
         return collate_encoded(list(zip(views, labels, strict=True)), pin_memory=pin_memory)
 
@@ -173,16 +168,9 @@ class PackedImageFolder(Dataset):
             images = torch.empty((count, height, width, 3), dtype=torch.uint8, pin_memory=pin).permute(0, 3, 1, 2)
         else:
             images = torch.empty((count, 3, height, width), dtype=torch.uint8, pin_memory=pin)
-        replace = self._replacer(reader)
-        try:
-            views = reader.payloads(positions, verify=self.verify)
-            chosen = positions.tolist()
-        except ChecksumError:
-            if self.on_error == "raise":
-                raise
-            chosen, views = self._intact(reader, positions.tolist())
+        chosen, views = self._payloads(reader, positions)
         chosen = fill_decoded(reader, chosen, views, images, crop=crop, fast_jpeg=self.fast_jpeg,
-                              exif_transpose=self.exif_transpose, replace=replace)
+                              exif_transpose=self.exif_transpose, replace=self._replacer(reader))
         labels = torch.from_numpy(reader.entries["label"][np.asarray(chosen, dtype=np.int64)].astype(np.int64))
         return images, (labels.pin_memory() if pin else labels)
 
@@ -206,7 +194,7 @@ class PackedImageFolder(Dataset):
                              "--size HxW, or give a crop (or a transform) that makes one size")
         return (int(heights[0]), int(widths[0])) if len(positions) else (0, 0)
 
-    def _replacer(self, reader: PackReader) -> Callable[[int, Exception], tuple[int, memoryview]] | None:
+    def _replacer(self, reader: PackReader) -> Replace | None:
         """With ``on_error="skip"``: the next intact record after a damaged one (None: raise)."""
         if self.on_error == "raise":
             return None
@@ -217,6 +205,16 @@ class PackedImageFolder(Dataset):
             return chosen[0], views[0]
 
         return replace
+
+    def _payloads(self, reader: PackReader, positions: np.ndarray) -> tuple[list[int], list[memoryview]]:
+        """The records' payloads (checked under ``verify``); under ``on_error="skip"`` a damaged one's
+        place goes to the next intact record. Returns the record numbers used and their payloads."""
+        try:
+            return positions.tolist(), reader.payloads(positions, verify=self.verify)
+        except ChecksumError:
+            if self.on_error == "raise":
+                raise
+            return self._intact(reader, positions.tolist())
 
     def _intact(self, reader: PackReader, positions: list[int]) -> tuple[list[int], list[memoryview]]:
         """Each record's payload, or, for a damaged one, the next intact record's (with a warning)."""
@@ -283,14 +281,12 @@ class PackedImageFolder(Dataset):
                     view = reader.payload(candidate, verify=self.verify)
                 image = self._decode(reader, candidate, view)
             except Image.DecompressionBombError as exc:
-                raise PackFormatError(f"{reader.where(candidate)}: {exc}; if the image is genuine, raise "
-                                      "PIL.Image.MAX_IMAGE_PIXELS on purpose before reading") from None
-            except (ChecksumError, PackFormatError, OSError, ValueError, SyntaxError) as exc:
+                raise decode_failure(exc, reader.where(candidate)) from None
+            except (PackFormatError, *DECODE_ERRORS) as exc:
                 if self.on_error == "raise":
                     if isinstance(exc, PackFormatError):
                         raise
-                    raise PackFormatError(f"{reader.where(candidate)}: cannot decode ({exc}); "
-                                          "run `packload verify` on the pack") from exc
+                    raise decode_failure(exc, reader.where(candidate)) from exc
                 warnings.warn(f"skipping damaged {reader.where(candidate)}: {exc}", stacklevel=3)
                 continue
             target = self.targets[candidate]

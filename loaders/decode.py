@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from packer.errors import PackFormatError
+
 try:  # optional: pip install packload[fast]
     import simplejpeg
 except ImportError:  # pragma: no cover - depends on the environment
@@ -33,6 +35,17 @@ _TRANSPOSE = {
     8: Image.Transpose.ROTATE_90,
 }
 _SIMPLEJPEG_MODES = ("RGB", "L")  # CMYK/YCCK JPEGs go through PIL to match its colour conversion
+
+
+DECODE_ERRORS = (Image.DecompressionBombError, OSError, ValueError, SyntaxError)  # what decoders raise
+
+
+def decode_failure(exc: BaseException, where: str) -> PackFormatError:
+    """Our error for a record (``where``) whose payload a decoder refused with ``exc``."""
+    if isinstance(exc, Image.DecompressionBombError):
+        return PackFormatError(f"{where}: {exc}; if the image is genuine, raise PIL.Image.MAX_IMAGE_PIXELS on "
+                               "purpose before reading")
+    return PackFormatError(f"{where}: cannot decode ({exc}); run `packload verify` on the pack")
 
 
 def fast_jpeg_available() -> bool:

@@ -14,7 +14,6 @@ import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -197,19 +196,6 @@ def _draft_scale(size: tuple[int, int], target: tuple[int, int]) -> int:
     return next(scale for scale in (8, 4, 2, 1) if scale <= most) if most >= 1 else 1
 
 
-_interpolate: Any = None
-
-
-def _torch_interpolate() -> Any:
-    """``torch.nn.functional.interpolate``, imported on first use (it takes a second or two)."""
-    global _interpolate
-    if _interpolate is None:
-        import torch.nn.functional
-
-        _interpolate = torch.nn.functional.interpolate
-    return _interpolate
-
-
 def resize_rgb(pixels: np.ndarray, target: tuple[int, int]) -> np.ndarray:
     """HxWx3 uint8 ``pixels`` resized to ``target`` (width, height), bicubic.
 
@@ -221,10 +207,11 @@ def resize_rgb(pixels: np.ndarray, target: tuple[int, int]) -> np.ndarray:
     if width > pixels.shape[1] or height > pixels.shape[0]:
         image = Image.fromarray(pixels).resize(target, Image.Resampling.BICUBIC, reducing_gap=3.0)
         return np.asarray(image)
-    import torch
+    import torch  # on first use, not at import: it takes a second or two, and `keep` packs never need it
 
     batch = torch.from_numpy(pixels).permute(2, 0, 1).unsqueeze(0)  # NCHW view of HWC memory
-    planes = _torch_interpolate()(batch, size=(height, width), mode="bicubic", antialias=True)[0].numpy()
+    planes = torch.nn.functional.interpolate(batch, size=(height, width), mode="bicubic",
+                                             antialias=True)[0].numpy()
     out = np.empty((height, width, RAW_CHANNELS), np.uint8)
     for channel in range(RAW_CHANNELS):  # one plane at a time: 4x faster than one strided copy
         out[..., channel] = planes[channel]
