@@ -75,4 +75,6 @@ def test_a_missing_pack_is_one_line_per_rank(tmp_path: Path) -> None:
     proc = launch(tmp_path / "missing.shards")
     assert proc.returncode != 0
     errors = [line for line in proc.stderr.splitlines() if line.startswith("ddp_read: error:")]
-    assert len(errors) == 2 and "missing.shards: no such pack" in errors[0]
+    # Every rank fails on its own; torchrun stops the other rank as soon as one has failed, so the
+    # other's line may or may not get out before it is stopped.
+    assert 1 <= len(errors) <= 2 and all("missing.shards: no such pack" in line for line in errors)
