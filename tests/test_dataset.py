@@ -582,7 +582,8 @@ def test_lmdb_file_truncated(packs: Callable, copy_pack: Callable) -> None:
             print("PackFormatError:", exc)
     """)
     result = subprocess.run([sys.executable, "-c", code, str(pack)], capture_output=True, text=True, timeout=60,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))})
     assert result.returncode == 0, (result.returncode, result.stderr[-500:])
     assert "PackFormatError:" in result.stdout
 

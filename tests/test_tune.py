@@ -2,7 +2,8 @@
 
 Each sample of ``Sleepy`` waits a fixed number of milliseconds with ``time.sleep``, which uses no
 CPU, so throughput grows with the number of workers even on a 2-core machine, and the emulated
-GPU step (no CUDA here) waits too. Timings are never asserted exactly: verdicts, orderings with
+GPU step waits too (``device="cpu"``: emulated even where CUDA is present, so the expected
+results hold on any machine; the tests marked for CUDA check the real step). Timings are never asserted exactly: verdicts, orderings with
 wide margins, and budgets.
 """
 
@@ -59,13 +60,13 @@ class Stream(IterableDataset):
 def input_bound():
     """4 ms per sample, batches of 16: one worker gives ~250 samples/s, four ~1000; the 8 ms step
     could take 2000. So the GPU waits whatever the settings, and 4 workers (the bound) are best."""
-    return tune(Sleepy(4), 16, step_ms=8, budget_s=8, max_workers=4, progress=False)
+    return tune(Sleepy(4), 16, step_ms=8, budget_s=8, max_workers=4, progress=False, device="cpu")
 
 
 @pytest.fixture(scope="module")
 def compute_bound():
     """0.2 ms per sample (3 ms a batch) against a 50 ms step: even the main process alone keeps up."""
-    return tune(Sleepy(0.2), 16, step_ms=50, budget_s=6, max_workers=4, progress=False)
+    return tune(Sleepy(0.2), 16, step_ms=50, budget_s=6, max_workers=4, progress=False, device="cpu")
 
 
 def test_input_bound_verdict_and_the_cheapest_pick(input_bound):
@@ -207,7 +208,7 @@ def test_make_loader_uses_the_winning_settings(input_bound):
 
 
 def test_dummy_step_emulation_waits_without_cpu_and_overlaps():
-    step = DummyStep(step_ms=40)
+    step = DummyStep(step_ms=40, device="cpu")
     assert not step.on_gpu and step.calibration["emulated"] is True
     wall, cpu = time.perf_counter(), time.process_time()
     step((torch.zeros(2, 3), torch.zeros(2)))
@@ -219,6 +220,15 @@ def test_dummy_step_emulation_waits_without_cpu_and_overlaps():
     assert 0.19 <= elapsed < 0.35
     assert time.process_time() - cpu < 0.5 * elapsed
     assert step.step_rate(10) == pytest.approx(250.0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_tune_on_cuda_steps_the_gpu_and_tries_pin_memory():
+    r = tune(Sleepy(4), 16, step_ms=8, budget_s=12, max_workers=4, progress=False)
+    assert r.step["calibration"]["emulated"] is False and abs(r.step["calibration"]["error_pct"]) <= 10
+    assert "pin_memory" not in r.not_measured
+    assert {t.pin_memory for t in r.trials} == {False, True}, "both pin_memory settings are measured"
+    assert r.verdict == "input-bound" and r.winner.num_workers >= 3
 
 
 @NO_CUDA

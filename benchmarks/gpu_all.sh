@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Every check of packload's GPU side, on a machine with an NVIDIA GPU, in one go (about 6 minutes):
+#
+#   bash benchmarks/gpu_all.sh OUT [IMAGES]
+#
+# generates 10,000 ImageNet-like JPEGs (COUNT=N for another number; or uses IMAGES), packs them
+# under OUT/work (WORK=DIR for elsewhere) (keep, lmdb and shards, and
+# jpeg --max-side 256), then writes into OUT:
+#   gpu_check.json  the dummy step's calibration, pin_memory copies, the small CNN, a tune run
+#   doctor.json     `packload doctor` on the pack with the real GPU
+#   gpu_train.json  real training steps (resnet18 when torchvision is there) fed by each loader
+#   pytest.log      the tests that behave differently with CUDA, run with CUDA
+# Each step has its own time limit and the script goes on when one fails; the exit code counts them.
+set -u
+OUT=${1:?usage: bash benchmarks/gpu_all.sh OUT [IMAGES]}
+IMAGES=${2:-}
+PY=${PYTHON:-python3}
+W=${WORK:-$OUT/work}  # the images and packs
+mkdir -p "$OUT" "$W"
+failed=0
+step() {  # step NAME SECONDS COMMAND...: run it with a limit, log it, count a failure
+  local name=$1 limit=$2; shift 2
+  local start=$SECONDS
+  echo "== $name" >&2
+  timeout "$limit" "$@" || { echo "== $name FAILED (exit $?)" >&2; failed=$((failed + 1)); }
+  echo "== $name took $((SECONDS - start)) s" >&2
+}
+export PYTHONUNBUFFERED=1
+"$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')" >&2
+if [ -z "$IMAGES" ]; then
+  IMAGES=$W/images
+  step make_images 120 "$PY" benchmarks/make_images.py imagenet "$IMAGES" --count "${COUNT:-10000}" --classes 100 --quiet --overwrite
+fi
+step pack_keep_lmdb 120 "$PY" -m packer "$IMAGES" "$W/keep.lmdb" --quiet --overwrite
+step pack_keep_shards 120 "$PY" -m packer "$IMAGES" "$W/keep.shards" --quiet --overwrite
+step pack_small_shards 180 "$PY" -m packer "$IMAGES" "$W/small.shards" --encoding jpeg --quality 90 --max-side 256 \
+  --quiet --overwrite --json
+step gpu_check 180 sh -c "\"$PY\" benchmarks/gpu_check.py \"$W/keep.lmdb\" --batch-size 256 --step-ms 120 --budget 30 > \"$OUT/gpu_check.json\""
+step doctor 120 sh -c "\"$PY\" -m packer doctor \"$W/keep.lmdb\" --batch-size 256 --step-ms 120 --json > \"$OUT/doctor.json\""
+step gpu_train 240 sh -c "\"$PY\" benchmarks/gpu_train.py \"$IMAGES\" \"$W/keep.shards\" \"$W/small.shards\" --model resnet18 --seconds 8 > \"$OUT/gpu_train.json\""
+step pytest 180 sh -c "\"$PY\" -m pytest -q -p no:cacheprovider tests/test_tune.py tests/test_collate.py tests/test_pack_loader.py tests/test_doctor.py tests/test_dataset.py > \"$OUT/pytest.log\" 2>&1"
+tail -3 "$OUT/pytest.log" >&2 || true
+echo "gpu_all: $failed step(s) failed; results in $OUT" >&2
+exit "$failed"
