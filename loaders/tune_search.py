@@ -6,7 +6,8 @@ dummy GPU step in windows of one round of workers until its time is up and it ha
 ``MIN_WINDOWS`` windows, and waits for the GPU again: the steady rate is the steps done between
 the two idle points (so steps still queued never count), the spread of the windows its noise.
 
-The search is coarse to fine, never a full grid: workers 0, 1, 2, 4, 8... until the GPU is
+The search is coarse to fine, never a full grid: workers 0, 1, 2, 4, 8... (without 1 where 8 or
+more may be tried: the bisection measures it if it matters) until the GPU is
 saturated, the rate stops rising, the budget runs out or memory would get short; then a bisection
 for the fewest workers within ``tolerance`` of the best rate; then a deeper prefetch queue and
 (on CUDA) ``pin_memory`` at that point; then the pick is measured again so that no lucky outlier
@@ -255,7 +256,10 @@ class Search:
         self.trials: list[Trial] = []
         self.skipped: list[str] = []
         self.stopped = ""
-        ladder = sorted({0, 1, *(2**k for k in range(1, 12) if 2**k < max_workers), max_workers})
+        # 1 worker is rarely the pick where many are possible, and a slow trial; the bisection
+        # still measures it when 0 falls short and 2 is within tolerance.
+        low = {0} if max_workers >= 8 else {0, 1}
+        ladder = sorted({*low, *(2**k for k in range(1, 12) if 2**k < max_workers), max_workers})
         self.ladder = [w for w in ladder if w <= max_workers]
         expected = len(self.ladder) + math.ceil(math.log2(max(2, max_workers))) + 2 + int(try_pin) + 1
         self.trial_s = trial_s if trial_s is not None else min(5.0, max(0.25, 0.8 * budget_s / expected - 0.3))

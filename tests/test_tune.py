@@ -292,3 +292,33 @@ def _dataset_of(path: Path):
     from loaders.tune import open_dataset
 
     return open_dataset(path, image_size=32)
+
+
+class _RatesRunner:
+    """A stand-in for TrialRunner: each worker count has a known rate; records what was measured."""
+
+    def __init__(self, rates: dict[int, float], step_rate: float = 10_000.0) -> None:
+        self.rates, self.step_rate, self.batch_size = rates, step_rate, 16
+        self.guard = tune_search.MemoryGuard(margin_bytes=0)
+        self.measured: list[int] = []
+
+    def run(self, workers, prefetch, pin, steady_s, deadline, phase):
+        self.measured.append(workers)
+        rate = self.rates[workers]
+        return tune_search.Trial(workers, prefetch, pin, samples_per_s=rate, batches_per_s=rate / 16,
+                                 gpu_wait=0.5, startup_s=0.0, worker_rss_mb=0.0, worker_pss_mb=0.0, noise=0.0,
+                                 cpu_cores=1.0, batches=10, seconds=1.0, phase=phase)
+
+
+def test_many_cores_skip_one_worker_in_the_ladder_but_the_bisection_still_finds_it():
+    assert tune_search.Search(_RatesRunner({}), 4, 0.04, 60, time.perf_counter(), False, False).ladder == [0, 1, 2, 4]
+    # 1 worker is as good as any: 0 falls short, 2 and more add nothing
+    runner = _RatesRunner({0: 100.0, 1: 400.0, 2: 400.0, 4: 400.0, 8: 400.0, 16: 400.0})
+    search = tune_search.Search(runner, 16, 0.04, 60, time.perf_counter(), False, False)
+    assert search.ladder == [0, 2, 4, 8, 16]
+    search.coarse()
+    assert 1 not in runner.measured and runner.measured[:2] == [0, 2]
+    search.fine()
+    assert runner.measured[-1] == 1, "the bisection between 0 and 2 measures 1"
+    pick, _ = tune_search.select(search.trials, 0.04)
+    assert pick.num_workers == 1
