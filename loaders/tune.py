@@ -322,18 +322,26 @@ def _warn_other_machine(path: str | os.PathLike[str], saved: dict[str, Any]) -> 
                       "for settings that fit this one", stacklevel=3)
 
 
+def _worker_memory(trial: Trial) -> str:
+    """The workers' proportional share of memory (PSS: shared pages such as the CUDA libraries a
+    forked worker maps count once, not once per worker); RSS, marked, where PSS cannot be read."""
+    if trial.worker_pss_mb:
+        return f"{trial.worker_pss_mb:.0f} MB"
+    return f"{trial.worker_rss_mb:.0f} MB RSS" if trial.worker_rss_mb else "-"
+
+
 def format_report(result: TuneResult) -> list[str]:
     """The result for a terminal: the step, every trial, the pick, the verdict, an epoch's time."""
     lines = [f"packload tune: {result.samples_per_epoch:,} samples per epoch, batch {result.batch_size}; "
              f"{result.step['description']}",
              f"  the GPU step alone: {result.step_samples_per_s:,.0f} img/s "
              f"({result.step_samples_per_s / result.batch_size:,.1f} batches/s)",
-             "  workers  prefetch  pin    img/s  batches/s  GPU waits  CPU cores  start-up  worker RSS  phase"]
+             "  workers  prefetch  pin    img/s  batches/s  GPU waits  CPU cores  start-up  worker PSS  phase"]
     for t in result.trials:
         lines.append(f"  {t.num_workers:7d}  {t.prefetch_factor or '-':>8}  {'yes' if t.pin_memory else 'no':>3}  "
                      f"{t.samples_per_s:7,.0f}  {t.batches_per_s:9.2f}  {t.gpu_wait:9.0%}  {t.cpu_cores:9.1f}  "
                      f"{t.startup_s:7.2f}s  "
-                     f"{t.worker_rss_mb:7.0f} MB  {t.phase}" + (f" ({t.note})" if t.note else ""))
+                     f"{_worker_memory(t):>10}  {t.phase}" + (f" ({t.note})" if t.note else ""))
     pin = result.not_measured.get("pin_memory")
     settings = ", ".join(f"{k}={v}" + (f" [{pin}]" if k == "pin_memory" and pin else "")
                          for k, v in result.settings.items())

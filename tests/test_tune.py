@@ -322,3 +322,16 @@ def test_many_cores_skip_one_worker_in_the_ladder_but_the_bisection_still_finds_
     assert runner.measured[-1] == 1, "the bisection between 0 and 2 measures 1"
     pick, _ = tune_search.select(search.trials, 0.04)
     assert pick.num_workers == 1
+
+
+def test_report_shows_the_workers_proportional_memory_not_their_rss():
+    from loaders.tune import _worker_memory
+
+    runner = _RatesRunner({2: 100.0})
+    trial = runner.run(2, 2, False, 1.0, 0.0, "coarse")
+    trial.worker_rss_mb, trial.worker_pss_mb = 2400.0, 310.0  # forked workers map the parent's libraries
+    assert _worker_memory(trial) == "310 MB"
+    trial.worker_pss_mb = 0.0
+    assert _worker_memory(trial) == "2400 MB RSS"
+    trial.worker_rss_mb = 0.0
+    assert _worker_memory(trial) == "-"
