@@ -9,6 +9,7 @@ warm in the page cache (the warm-up run reads them), so the figures show each wr
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import subprocess
 import time
@@ -40,14 +41,24 @@ def _remove(path: Path) -> None:
 
 def _timed(work: Callable[[], Any], out: Path, files: int, source_bytes: int,
            exclude: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Run ``work`` then ``os.sync()``, timed; the figures of one packing run."""
+    """Run ``work`` then ``os.sync()``, timed; the figures of one packing run. ``cpu_s`` is the CPU
+    time (user + system) of this process and of its children that ended meanwhile: steadier than
+    the wall time on a busy machine."""
+    cpu = _cpu_seconds()
     start = time.perf_counter()
     work()
     os.sync()
     seconds = time.perf_counter() - start
+    cpu_s = _cpu_seconds() - cpu
     out_bytes = report.dir_bytes(out, exclude)
     return {"seconds": seconds, "files_per_s": files / seconds, "mb_per_s": source_bytes / seconds / 1e6,
-            "out_bytes": out_bytes, "out_vs_source": out_bytes / source_bytes if source_bytes else None}
+            "cpu_s": cpu_s, "out_bytes": out_bytes,
+            "out_vs_source": out_bytes / source_bytes if source_bytes else None}
+
+
+def _cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def _setup(out: Path, source: Path, cold_source: bool) -> Callable[[], dict[str, Any]]:
@@ -173,7 +184,7 @@ def markdown(result: dict[str, Any]) -> str:
             m = r.get("medians", {})
             rows.append([
                 r["name"], report.spread(r["stats"]), report.num(m.get("mb_per_s"), 1),
-                report.num(m.get("seconds"), 1),
+                report.num(m.get("seconds"), 2), report.num(m.get("cpu_s"), 2),
                 report.num(m["out_bytes"] / 1e6, 1) if "out_bytes" in m else "—",
                 report.num(m.get("out_vs_source"), 2), report.times(r.get("vs_tar")),
                 report.num(m.get("peak_pss_mb", m.get("peak_rss_mb"))), report.num(m.get("peak_growth_mb")),
@@ -181,12 +192,13 @@ def markdown(result: dict[str, Any]) -> str:
             ])
         parts.append(f"**{name}**: {d['files']:,} files, {d['source_bytes'] / 1e6:,.1f} MB ({d['source']}); "
                      f"load average {report.load_range(d['results'])}\n\n"
-                     + report.table(["contender", "files/s median [min–max]", "MB/s", "s", "output MB",
+                     + report.table(["contender", "files/s median [min–max]", "MB/s", "s", "CPU s", "output MB",
                                      "output/source", "× tar", _memory_header(d["results"]), "added MB", "notes"],
                                     rows))
     head = (f"Packing, {s['repeats']} interleaved runs after {s['warmup']} warm-up; source "
             f"{'cold' if s['cold_source'] else 'warm'} in the page cache; times include a final `os.sync()`. "
-            f"Target: packload keep ≥ {TAR_TARGET}× tar. Peak memory: summed over this process and "
+            f"Target: packload keep ≥ {TAR_TARGET}× tar. CPU s: user + system time of the packing process "
+            f"and its children (tar's is its own). Peak memory: summed over this process and "
             f"its children (PSS: shared pages split; RSS counts a page once per process that maps it), the "
             f"benchmark driver included; added: the peak minus the driver's own before the run.")
     return head + "\n\n" + "\n\n".join(parts)

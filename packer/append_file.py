@@ -1,15 +1,18 @@
-"""Append to a file from a background thread, hashing as it goes: the caller's thread only collects
-references to the bytes, and a writing thread joins each block of about 4 MiB, hashes it (SHA-256)
-and writes it, both with the GIL released. One large hash call per block, rather than one per
-record, keeps small records cheap. Memory stays bounded: at most ``depth`` blocks wait in the
-queue. After each block the thread asks the kernel to start writing it to disk (``start_writeback``),
-so the disk works while packing goes on and the final fsync has little left to wait for."""
+"""Append to a file from background threads, hashing as it goes: the caller's thread only collects
+references to the bytes; one thread hashes each block of about 4 MiB (SHA-256) and another writes
+it, all with the GIL released, so hashing one block overlaps writing the previous one. Small
+records are joined into one block first (one large hash call per block, rather than one per record,
+keeps them cheap); large ones are hashed one by one and written with ``writev``, uncopied. Memory
+stays bounded: at most ``depth`` blocks wait to be hashed and two to be written. After each block
+the writing thread asks the kernel to start writing it to disk (``start_writeback``), so the disk
+works while packing goes on and the final fsync has little left to wait for."""
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import hashlib
+import os
 import queue
 import threading
 from pathlib import Path
@@ -17,6 +20,10 @@ from typing import Any
 
 BLOCK = 4 << 20
 MAX_PIECES = 4096  # records per block at most, however small
+# Blocks whose pieces are this large on average are hashed piece by piece and written with
+# ``writev``, without joining them into one block first (a copy of every byte, into fresh memory).
+LARGE_PIECES = 8 << 10
+IOV_MAX = 1024  # pieces per writev call (Linux's limit)
 _STOP = object()
 _SYNC_FILE_RANGE_WRITE = 2
 
@@ -52,32 +59,75 @@ class HashingAppender:
         self._file = open(path, mode, buffering=0)
         self._pieces: list[bytes | memoryview] = []
         self._pending = 0
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)  # blocks to hash
+        self._writes: queue.Queue[Any] = queue.Queue(maxsize=2)  # hashed blocks to write
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name=f"append {path.name}", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._hash, name=f"hash {path.name}", daemon=True),
+                         threading.Thread(target=self._write, name=f"append {path.name}", daemon=True)]
+        for thread in self._threads:
+            thread.start()
 
-    def _run(self) -> None:
+    def _hash(self) -> None:
+        """Hash each block in order and pass it on to the writing thread (the two overlap)."""
         while True:
             block = self._queue.get()
             try:
                 if block is _STOP:
+                    self._writes.put(_STOP)
                     return
                 if self._error is None:
-                    joined = b"".join(block)
-                    self.digest.update(joined)
-                    start = self._file.tell()
-                    self._write_all(joined)
-                    start_writeback(self._file.fileno(), start, len(joined))
+                    pieces, size = block
+                    if size >= LARGE_PIECES * len(pieces):
+                        for piece in pieces:  # each large one hashed with the GIL released
+                            self.digest.update(piece)
+                    else:
+                        pieces = [b"".join(pieces)]
+                        self.digest.update(pieces[0])
+                    self._writes.put((pieces, size))
             except BaseException as exc:  # noqa: BLE001 - handed to the main thread, raised there
                 self._error = exc
             finally:
                 self._queue.task_done()
 
-    def _write_all(self, data: bytes) -> None:
+    def _write(self) -> None:
+        while True:
+            block = self._writes.get()
+            try:
+                if block is _STOP:
+                    return
+                if self._error is None:
+                    pieces, size = block
+                    start = self._file.tell()
+                    if len(pieces) == 1:
+                        self._write_all(pieces[0])
+                    else:
+                        self._write_pieces(pieces)
+                    start_writeback(self._file.fileno(), start, size)
+            except BaseException as exc:  # noqa: BLE001 - handed to the main thread, raised there
+                self._error = exc
+            finally:
+                self._writes.task_done()
+
+    def _write_all(self, data: bytes | memoryview) -> None:
         view = memoryview(data)
         while view:
             view = view[self._file.write(view) :]  # a short write is retried with the rest
+
+    def _write_pieces(self, pieces: list[bytes | memoryview]) -> None:
+        """Write ``pieces`` in order with ``writev``, ``IOV_MAX`` at a time: no copy into one block."""
+        fd = self._file.fileno()
+        at = 0
+        while at < len(pieces):
+            written = os.writev(fd, pieces[at : at + IOV_MAX])
+            if written == 0:  # nothing taken: a plain write of the next piece raises the error, if any
+                self._write_all(pieces[at])
+                at += 1
+                continue
+            while at < len(pieces) and written >= len(pieces[at]):
+                written -= len(pieces[at])
+                at += 1
+            if written:  # a short write ended inside this piece: go on from there
+                pieces[at] = memoryview(pieces[at])[written:]
 
     def _raise_error(self) -> None:
         if self._error is not None:
@@ -97,9 +147,16 @@ class HashingAppender:
         if self._pending >= BLOCK or len(self._pieces) >= MAX_PIECES:
             self._hand_over()
 
+    def write_many(self, pieces: list[bytes], nbytes: int) -> None:
+        """Append ``pieces`` (``nbytes`` in all) in order, kept by reference."""
+        self._pieces += pieces
+        self._pending += nbytes
+        if self._pending >= BLOCK or len(self._pieces) >= MAX_PIECES:
+            self._hand_over()
+
     def _hand_over(self) -> None:
         self._raise_error()
-        self._queue.put(self._pieces)
+        self._queue.put((self._pieces, self._pending))
         self._pieces = []
         self._pending = 0
 
@@ -108,6 +165,7 @@ class HashingAppender:
         if self._pieces:
             self._hand_over()
         self._queue.join()
+        self._writes.join()
         self._raise_error()
 
     def close(self) -> str:
@@ -116,7 +174,8 @@ class HashingAppender:
             self.flush()
         finally:
             self._queue.put(_STOP)
-            self._thread.join()
+            for thread in self._threads:
+                thread.join()
             self._file.close()
         return self.digest.hexdigest()
 

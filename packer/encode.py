@@ -14,6 +14,7 @@ import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -108,9 +109,12 @@ def truncation_problem(data: bytes, pil_format: str | None) -> str | None:
             return None
         if data.rfind(b"\xff\xd9") < data.rfind(b"\xff\xda"):
             return "truncated JPEG: no end-of-image marker after the last scan"
-    elif pil_format == "PNG" and data.rfind(b"IEND\xaeB`\x82") < 0:
+    elif pil_format == "PNG" and not data.endswith(_PNG_END) and data.rfind(_PNG_END) < 0:
         return "truncated PNG: no IEND chunk"
     return None
+
+
+_PNG_END = b"IEND\xaeB`\x82"  # the IEND chunk's type and its fixed CRC
 
 
 def _orientation(image: Image.Image) -> int:
@@ -138,7 +142,7 @@ def _reencode(image: Image.Image, options: EncodeOptions) -> tuple[bytes, int, i
         image.draft("RGB", target)  # decode at reduced DCT scale: still at least the target size
     rgb = image.convert("RGB")
     if target != rgb.size:
-        rgb = rgb.resize(target, Image.Resampling.BICUBIC, reducing_gap=3.0)
+        rgb = rgb.resize(target, RESIZE, reducing_gap=3.0)
     return _store(rgb, options)
 
 
@@ -197,41 +201,83 @@ def _draft_scale(size: tuple[int, int], target: tuple[int, int]) -> int:
 
 
 def resize_rgb(pixels: np.ndarray, target: tuple[int, int]) -> np.ndarray:
-    """HxWx3 uint8 ``pixels`` resized to ``target`` (width, height), bicubic.
+    """HxWx3 uint8 ``pixels`` (C-contiguous) resized to ``target`` (width, height), with ``RESIZE``.
 
-    Shrinking uses PyTorch's antialiased bicubic on uint8 (vectorised, GIL released), which follows
-    PIL's ``BICUBIC`` filter: results differ from ``Image.resize`` by at most 1 in a few pixels.
-    Enlarging (``--size`` past the source) uses PIL itself.
+    Shrinking uses PyTorch's antialiased kernel on uint8 (vectorised, GIL released), which follows
+    PIL's filter of the same name: results differ from ``Image.resize`` by at most 1 in a few
+    pixels. Its output is written straight into an HxWx3 array (channels-last), which is the layout
+    the kernel works in and what the encoders take. Enlarging (``--size`` past the source) uses PIL.
     """
     width, height = target
     if width > pixels.shape[1] or height > pixels.shape[0]:
-        image = Image.fromarray(pixels).resize(target, Image.Resampling.BICUBIC, reducing_gap=3.0)
+        image = Image.fromarray(pixels).resize(target, RESIZE, reducing_gap=3.0)
         return np.asarray(image)
     import torch  # on first use, not at import: it takes a second or two, and `keep` packs never need it
 
     batch = torch.from_numpy(pixels).permute(2, 0, 1).unsqueeze(0)  # NCHW view of HWC memory
-    planes = torch.nn.functional.interpolate(batch, size=(height, width), mode="bicubic",
-                                             antialias=True)[0].numpy()
     out = np.empty((height, width, RAW_CHANNELS), np.uint8)
+    global _resize_into
+    if _resize_into is None:
+        _resize_into = _channels_last_resize(torch)
+    if _resize_into:
+        try:
+            _resize_into(batch, [height, width], False, None, None,
+                         out=torch.from_numpy(out).permute(2, 0, 1).unsqueeze(0))
+            return out
+        except (RuntimeError, TypeError):  # a torch that does not take this: the public call below
+            _resize_into = False
+    planes = torch.nn.functional.interpolate(batch, size=(height, width), mode=_TORCH_MODE[RESIZE],
+                                             antialias=True)[0].numpy()
     for channel in range(RAW_CHANNELS):  # one plane at a time: 4x faster than one strided copy
         out[..., channel] = planes[channel]
     return out
 
 
+# PIL's filter for --max-side and --size, and PyTorch's antialiased equivalent. Bilinear (a triangle
+# filter as wide as the shrink, as torchvision's Resize does by default) rather than bicubic: it is
+# about twice as fast in PyTorch's uint8 kernel, and at the shrinks packing does (to a training
+# size) the two differ by a few grey levels at edges.
+RESIZE = Image.Resampling.BILINEAR
+_TORCH_MODE = {Image.Resampling.BILINEAR: "bilinear", Image.Resampling.BICUBIC: "bicubic"}
+_resize_into: Any = None  # the kernel's out= form, once looked up; False where this torch lacks it
+
+
+def _channels_last_resize(torch: Any) -> Any:
+    """PyTorch's antialiased uint8 kernel for ``RESIZE`` in the form that writes into a given output
+    (``interpolate`` itself returns planar NCHW, and laying that out as HxWx3 costs a third of the
+    resize); False if this torch has no such operator."""
+    name = f"_upsample_{_TORCH_MODE[RESIZE]}2d_aa"
+    try:
+        return getattr(torch.ops.aten, name).out
+    except (AttributeError, RuntimeError):
+        return False
+
+
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+# The first read of a file asks for this much: a regular file shorter than that comes whole in one
+# call, without the fstat (and its Python object) that sizing it would take.
+FIRST_READ = 64 << 10
+
+
 def _read_file(path: str) -> bytes:
     """The whole file, with one ``read`` call for a regular file (``open().read()`` takes more)."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    fd = os.open(path, _OPEN_FLAGS)
     try:
-        size = os.fstat(fd).st_size
-        data = os.read(fd, size + 1)
-        if len(data) == size:
-            return data
-        parts = [data]  # changed size since fstat, or not a regular file: read on to the end
-        while part := os.read(fd, 1 << 20):
-            parts.append(part)
-        return b"".join(parts)
+        return _read_rest(fd, b"")
     finally:
         os.close(fd)
+
+
+def _read_rest(fd: int, start: bytes) -> bytes:
+    """The whole file open at ``fd``, whose first bytes ``start`` were read already."""
+    size = os.fstat(fd).st_size
+    data = os.pread(fd, size + 1, 0) if start else os.read(fd, size + 1)
+    if len(data) == size:
+        return data
+    parts = [data]  # changed size since fstat, or not a regular file: read on to the end
+    while part := os.read(fd, 1 << 20):
+        parts.append(part)
+    return b"".join(parts)
 
 
 def encode_file(root: str, sample: Sample, options: EncodeOptions, prefix: str | None = None) -> Encoded | Skipped:
@@ -294,4 +340,41 @@ def _bomb(sample: Sample, options: EncodeOptions, exc: Exception) -> Skipped:
 def encode_chunk(root: str, samples: list[Sample], options: EncodeOptions) -> list[Encoded | Skipped]:
     """Encode a run of consecutive samples (the unit of work sent to a worker process)."""
     prefix = os.path.join(root, "")
+    if options.encoding == "keep" and options.check == "fast":
+        return _keep_chunk(root, prefix, samples, options)
     return [encode_file(root, sample, options, prefix) for sample in samples]
+
+
+def _keep_chunk(root: str, prefix: str, samples: list[Sample], options: EncodeOptions) -> list[Encoded | Skipped]:
+    """``encode_file`` for ``keep`` with the fast check, as one tight loop: packing small files costs
+    little more than this loop's few microseconds of Python per file. Plain JPEGs and PNGs are
+    decided here with the same checks (header probe, decompression-bomb limit, end marker); any
+    other file, and any file with a problem, goes through ``encode_file``, which gives the reason."""
+    out: list[Encoded | Skipped] = []
+    append = out.append
+    open_, read, close, crc32 = os.open, os.read, os.close, zlib.crc32
+    flags, max_pixels, first_read = _OPEN_FLAGS, options.max_pixels, FIRST_READ
+    for sample in samples:
+        path, label = sample
+        try:
+            fd = open_(prefix + path, flags)
+            try:
+                data = read(fd, first_read)  # a shorter answer means the end of the file
+                if len(data) == first_read:
+                    data = _read_rest(fd, data)
+            finally:
+                close(fd)
+            header = probe(data, max_pixels) if data else None
+        except (OSError, BombError):
+            header = None
+        if header is None:  # not a plain JPEG or PNG, unreadable, changed while read, or too large
+            append(encode_file(root, sample, options, prefix))
+            continue
+        fmt = header.format
+        if (data.endswith(b"\xff\xd9") if fmt == "JPEG" else data.endswith(_PNG_END)) or (
+                truncation_problem(data, fmt) is None):
+            append(Encoded(path, label, data, header.width, header.height, header.mode, fmt, header.orientation,
+                           len(data), crc32(data)))
+        else:
+            append(encode_file(root, sample, options, prefix))
+    return out

@@ -12,6 +12,7 @@ import zlib
 
 import numpy as np
 
+from .encode import Encoded
 from .errors import PackFormatError
 from .format import (
     _HEADER_BODY,
@@ -69,6 +70,60 @@ class IndexBuilder:
         self.count += 1
         self.payload_bytes += payload_len
         return b"".join((RECORD_MAGIC, _U32.pack(zlib.crc32(path_bytes, zlib.crc32(body))), body, path_bytes))
+
+    def add_many(self, items: list[Encoded], first: int, part: int, offset: int, limit: int,
+                 empty: bool) -> tuple[list[bytes], int, int]:
+        """``add_record`` for ``items[first:]``, written one after the other from ``record_offset``
+        ``offset`` of ``part``, stopping before a record that would take the part past ``limit``
+        bytes (unless the part is ``empty``: holds no record yet). Returns the pieces to write (each
+        record's header and path, then its payload), the position in ``items`` where it stopped, and
+        the offset after the last record added: the writers' whole per-record work, in one loop.
+        The caller checks path lengths first (``has_long_path``)."""
+        pieces: list[bytes] = []
+        entries, paths = self._entries, self._paths
+        count, payload_bytes, paths_len = self.count, self.payload_bytes, len(paths)
+        pack_body, pack_entry, pack_u32, crc32 = _HEADER_BODY.pack, _ENTRY.pack, _U32.pack, zlib.crc32
+        codes, magic, head_size = FORMAT_CODE, RECORD_MAGIC, _HEADER_SIZE
+        modes: dict[str, bytes] = {}
+        position = first
+        try:
+            for position in range(first, len(items)):
+                item = items[position]
+                payload = item.payload
+                path_bytes = item.path.encode("utf-8")
+                path_len, payload_len = len(path_bytes), len(payload)
+                end = offset + head_size + path_len + payload_len
+                if end > limit and (pieces or not empty):
+                    break
+                if path_len > 0xFFFF:
+                    raise PackFormatError(f"{item.path[:80]}...: path longer than 65535 bytes; shorten it")
+                mode = item.mode
+                mode_bytes = modes.get(mode)
+                if mode_bytes is None:
+                    mode_bytes = modes[mode] = mode.encode("ascii")
+                code = codes.get(item.format, _OTHER)
+                crc, label, width, height, orientation = item.crc32, item.label, item.width, item.height, item.orientation
+                body = pack_body(count, payload_len, crc, label, width, height, path_len, code, orientation,
+                                 mode_bytes, 0)
+                entries += pack_entry(part, label, offset + head_size + path_len, payload_len, offset, crc, width,
+                                      height, paths_len, path_len, code, orientation, mode_bytes)
+                paths += path_bytes
+                pieces += (magic + pack_u32(crc32(path_bytes, crc32(body))) + body + path_bytes, payload)
+                paths_len += path_len
+                count += 1
+                payload_bytes += payload_len
+                offset = end
+            else:
+                position = len(items)
+        finally:
+            self.count, self.payload_bytes = count, payload_bytes
+        return pieces, position, offset
+
+    @staticmethod
+    def has_long_path(items: list[Encoded]) -> bool:
+        """True if a path of ``items`` may be too long for the format (over 65535 bytes as UTF-8):
+        those go through ``add_record`` one at a time, which refuses the first such record."""
+        return any(len(item.path) > 0x3FFF for item in items)  # at most 4 bytes a character
 
     def labels(self) -> np.ndarray:
         """The class index of every record so far."""

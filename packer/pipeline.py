@@ -37,6 +37,10 @@ DEFAULT_SHARD_SIZE = 256 << 20
 LMDB_MAP_PER_FILE = 256 << 10
 CHUNK_FILES = 64  # files per task sent to a worker
 CHECKPOINT_SECONDS = 5.0
+# Reading and checking (``keep``, fast check) stays on the writing thread while a run of files takes
+# less than this per file (files in the page cache); slower runs go to worker threads.
+INLINE_SECONDS_PER_FILE = 100e-6
+SLOW_RUNS = 3  # runs in a row
 
 
 def backend_for(dst: Path, backend: str | None) -> str:
@@ -109,9 +113,35 @@ def _encoded_stream(root: Path, samples: list[Sample], start: int, options: Enco
                     workers: int) -> Iterator[Encoded | Skipped]:
     """Encode ``samples[start:]`` in order, on ``workers`` threads (see ``use_threads``) or
     processes, with bounded memory."""
+    for items in _encoded_chunks(root, samples, start, options, workers):
+        yield from items
+
+
+def _encoded_chunks(root: Path, samples: list[Sample], start: int, options: EncodeOptions,
+                    workers: int) -> Iterator[list[Encoded | Skipped]]:
+    """``_encoded_stream`` a run of consecutive samples at a time (each ``CHUNK_FILES`` long).
+
+    Reading and checking files that the page cache holds takes a few microseconds of Python per
+    file, and handing each run over between threads costs more than that (every read gives up the
+    GIL and has to wait to get it back), so that work starts on this thread. Once a run is slow
+    (a disk or network filesystem that makes each read wait, or large files, whose reading and
+    CRC release the GIL), packing goes on in the worker threads, which overlap the waits: after
+    ``SLOW_RUNS`` slow runs in a row."""
+    if workers > 1 and io_bound(options):
+        slow_runs = 0  # in a row: one slow run can be this process waiting for a busy CPU
+        while start < len(samples) and slow_runs < SLOW_RUNS:
+            chunk = samples[start : start + CHUNK_FILES]
+            began = time.perf_counter()
+            items = encode_chunk(str(root), chunk, options)
+            slow = time.perf_counter() - began > INLINE_SECONDS_PER_FILE * len(chunk)
+            slow_runs = slow_runs + 1 if slow else 0
+            yield items
+            start += len(chunk)
+        if start >= len(samples):
+            return
     if workers <= 1:
         for chunk in _tasks(samples, start):
-            yield from encode_chunk(str(root), chunk, options)
+            yield encode_chunk(str(root), chunk, options)
         return
     if not use_threads(options):
         pool: Executor = ProcessPoolExecutor(max_workers=workers)
@@ -131,7 +161,7 @@ def _encoded_stream(root: Path, samples: list[Sample], start: int, options: Enco
             chunk = next(tasks, None)
             if chunk is not None:
                 in_flight.append(pool.submit(encode_chunk, str(root), chunk, options))
-            yield from results
+            yield results
 
 
 def _resume_point(scan: ScanResult, kept: list[RecordMeta], progress: dict[str, Any],
@@ -317,16 +347,27 @@ def _write_all(scan: ScanResult, writer: ShardsWriter | LmdbWriter, start: int, 
     bar = tqdm(total=total, initial=start, unit="img", disable=not progress, dynamic_ncols=True,
                desc=f"pack {scan.root.name}", smoothing=0.1)
     tick = time.perf_counter()
+    pos = start
     try:
-        for pos, item in enumerate(_encoded_stream(scan.root, scan.samples, start, options, workers), start):
-            written_bytes += write_or_skip(item, pos, scan.root, writer, skipped, strict)
-            if pos % 64 == 63:
-                bar.update(64)
+        for items in _encoded_chunks(scan.root, scan.samples, start, options, workers):
+            if not checkpoint_every and not any(type(item) is Skipped for item in items):
+                writer.write_many(items)  # the common case: every file of the run packed
+                written_bytes += sum(item.source_bytes for item in items)
+            else:
+                for at, item in enumerate(items, pos):  # a skipped file, or checkpoints by count
+                    written_bytes += write_or_skip(item, at, scan.root, writer, skipped, strict)
+                    now = time.monotonic()
+                    if now - last_checkpoint >= CHECKPOINT_SECONDS or (
+                            checkpoint_every and (at + 1) % checkpoint_every == 0):
+                        writer.checkpoint({"options": options_record, "skipped": skipped})
+                        last_checkpoint = now
+            pos += len(items)
+            bar.update(len(items))
             now = time.monotonic()
-            if now - last_checkpoint >= CHECKPOINT_SECONDS or (checkpoint_every and (pos + 1) % checkpoint_every == 0):
+            if now - last_checkpoint >= CHECKPOINT_SECONDS:
                 writer.checkpoint({"options": options_record, "skipped": skipped})
                 last_checkpoint = now
-            if progress and pos % 256 == 0:
+            if progress:
                 elapsed = time.perf_counter() - tick
                 bar.set_postfix_str(f"{written_bytes / max(elapsed, 1e-9) / 1e6:.0f} MB/s", refresh=False)
         bar.update(total - bar.n)

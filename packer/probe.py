@@ -9,7 +9,7 @@ anything but plain, the answer is ``None`` and the caller asks PIL, so the resul
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from PIL import Image
 
@@ -19,12 +19,15 @@ _SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 # (bit depth, colour type) → PIL mode, for the PNG kinds read here; others go to PIL.
 _PNG_MODES = {(8, 0): "L", (8, 2): "RGB", (8, 3): "P", (8, 4): "LA", (8, 6): "RGBA"}
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_PNG_IHDR = struct.Struct(">IIBB")
+_U32_BE = struct.Struct(">I")
+_U16_BE = struct.Struct(">H")
 EXIF_ORIENTATION = 0x0112
 
 
-@dataclass(frozen=True)
-class ImageHeader:
-    """What the header says: PIL's format name, width, height, mode, EXIF orientation (0: none)."""
+class ImageHeader(NamedTuple):
+    """What the header says: PIL's format name, width, height, mode, EXIF orientation (0: none).
+    A named tuple: packing makes one per file, so it must be cheap to create."""
 
     format: str
     width: int
@@ -76,7 +79,7 @@ def _probe_jpeg(data: bytes, limit: int | None) -> ImageHeader | None:
         if marker == 0xFF:  # fill byte
             pos += 1
             continue
-        (length,) = struct.unpack_from(">H", data, pos + 2)
+        (length,) = _U16_BE.unpack_from(data, pos + 2)
         segment = data[pos + 4 : pos + 2 + length]
         if length < 2 or pos + 2 + length > size:
             return None
@@ -105,13 +108,13 @@ def _probe_jpeg(data: bytes, limit: int | None) -> ImageHeader | None:
 def _probe_png(data: bytes, limit: int | None) -> ImageHeader | None:
     if len(data) < 33 or data[12:16] != b"IHDR":
         return None
-    width, height, depth, colour = struct.unpack_from(">IIBB", data, 16)
+    width, height, depth, colour = _PNG_IHDR.unpack_from(data, 16)
     mode = _PNG_MODES.get((depth, colour))
     if mode is None or width == 0 or height == 0 or data[28] != 0:  # interlace is fine; compression 0
         return None
     pos = 33
     while pos + 8 <= len(data):  # chunks before the image data: eXIf/acTL need PIL's full reading
-        (length,) = struct.unpack_from(">I", data, pos)
+        (length,) = _U32_BE.unpack_from(data, pos)
         kind = data[pos + 4 : pos + 8]
         if kind == b"IDAT":
             _check_pixels(width, height, limit)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import partial
+from itertools import repeat
 from pathlib import Path
 from typing import NamedTuple
 
@@ -25,6 +27,9 @@ class Sample(NamedTuple):
 
     path: str
     label: int
+
+
+_new_sample = partial(tuple.__new__, Sample)  # Sample from a (path, label) pair, without Python calls
 
 
 @dataclass
@@ -78,13 +83,14 @@ def _walk_files(top: Path, root: Path, ignored: list[dict[str, str]]) -> list[st
         dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and is_utf8(d))
         images = []
         here = dirpath[prefix:].replace(os.sep, "/")
+        start = f"{here}/" if here else ""
         for name in sorted(filenames):
-            rel = f"{here}/{name}" if here else name
+            rel = start + name
             if name.startswith("."):
                 ignored.append({"path": rel, "reason": "hidden file"})
-            elif not is_utf8(rel):
+            elif not (name.isascii() or is_utf8(rel)):  # the folders on the way are UTF-8 already
                 ignored.append({"path": printable(rel), "reason": "name is not valid UTF-8; rename the file"})
-            elif not is_image_name(name):
+            elif not name.lower().endswith(IMG_EXTENSIONS):
                 ignored.append({"path": rel, "reason": "not an image extension"})
             else:
                 images.append(rel)
@@ -132,13 +138,13 @@ def scan_folder(src: str | os.PathLike[str]) -> ScanResult:
         classes = [e.name for e in class_dirs]
         samples: list[Sample] = []
         for label, entry in enumerate(class_dirs):
-            samples.extend(Sample(rel, label) for rel in _walk_files(Path(entry.path), root, ignored))
+            samples.extend(map(_new_sample, zip(_walk_files(Path(entry.path), root, ignored), repeat(label))))
         for e in entries:
             if not e.name.startswith(".") and not e.is_dir() and is_utf8(e.name):
                 ignored.append({"path": e.name, "reason": "file outside the class folders"})
     else:
         classes = []
-        samples = [Sample(rel, -1) for rel in _walk_files(root, root, ignored)]
+        samples = list(map(_new_sample, zip(_walk_files(root, root, ignored), repeat(-1))))
     if not samples:
         raise UsageError(f"{root}: no images found (extensions: {' '.join(IMG_EXTENSIONS)}); "
                          "give the folder that holds one sub-folder of images per class")

@@ -106,6 +106,25 @@ class ShardsWriter:
         self._offset += size
         self._part_records += 1
 
+    def write_many(self, items: list[Encoded]) -> None:
+        """``write`` each of ``items`` in order (the same records and shards), with less work per record."""
+        if self.index.has_long_path(items):
+            for item in items:
+                self.write(item)
+            return
+        first = 0
+        while first < len(items):
+            if self._file is None:
+                self._open_part(len(self.parts))
+            pieces, stop, offset = self.index.add_many(items, first, len(self.parts), self._offset, self.shard_size,
+                                                       self._part_records == 0)
+            self._file.write_many(pieces, offset - self._offset)
+            self._part_records += stop - first
+            self._offset = offset
+            first = stop
+            if first < len(items):  # the next record would take this shard past shard_size
+                self._close_part()
+
     def checkpoint(self, progress: dict[str, Any]) -> None:
         """Hand the records written so far to the operating system (they survive the process being
         killed) and note ``progress`` for ``--resume``; ``finish`` makes everything durable."""

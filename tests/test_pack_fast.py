@@ -4,7 +4,11 @@ resize instead of PIL's."""
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
+import os
+import threading
 import zlib
 
 import numpy as np
@@ -12,14 +16,16 @@ import pytest
 from PIL import Image
 
 from loaders import PackedImageFolder
-from packer import EncodeOptions, pack
+from packer import EncodeOptions, append_file, pack, pipeline
 from packer import encode as encode_module
-from packer.encode import _read_file, _reencode, encode_file, resize_rgb, truncation_problem
+from packer.encode import Encoded, Skipped, _read_file, _reencode, encode_file, resize_rgb, truncation_problem
 from packer.format import INDEX_ENTRY, RecordMeta, encode_index, encode_record, index_entry
 from packer.index_builder import IndexBuilder
 from packer.pipeline import use_threads
-from packer.scan import Sample
-from tests.image_factory import textured_rgb
+from packer.scan import Sample, scan_folder
+from packer.write_lmdb import LmdbWriter
+from packer.write_shards import ShardsWriter
+from tests.image_factory import make_image_folder, textured_rgb, write_broken_files, write_odd_images
 
 
 def _jpeg(pixels: np.ndarray, mode: str = "RGB", quality: int = 92) -> bytes:
@@ -77,20 +83,123 @@ def test_read_file_reads_whole_files(tmp_path):
 
 
 @pytest.mark.parametrize("shape", [(302, 308), (500, 375), (257, 256), (64, 1000)])
-def test_resize_rgb_follows_pil_bicubic(shape):
+def test_resize_rgb_follows_pil(shape, monkeypatch):
+    """PyTorch's antialiased kernel against PIL's filter of the same name (``RESIZE``, bilinear):
+    at most 1 grey level apart, in the kernel's channels-last form and in the public fallback."""
+    assert encode_module.RESIZE == Image.Resampling.BILINEAR
     pixels = textured_rgb((shape[1], shape[0]), seed=shape[0])
     target = (max(1, round(shape[1] * 256 / max(shape))), max(1, round(shape[0] * 256 / max(shape))))
     got = resize_rgb(pixels, target)
-    want = np.asarray(Image.fromarray(pixels).resize(target, Image.Resampling.BICUBIC, reducing_gap=3.0))
+    want = np.asarray(Image.fromarray(pixels).resize(target, Image.Resampling.BILINEAR, reducing_gap=3.0))
     assert got.shape == want.shape == (target[1], target[0], 3) and got.dtype == np.uint8
     assert got.flags["C_CONTIGUOUS"]
     assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
+    monkeypatch.setattr(encode_module, "_resize_into", False)  # a torch without the out= operator
+    assert np.array_equal(resize_rgb(pixels, target), got)
 
 
 def test_resize_rgb_enlarges_with_pil():
     pixels = textured_rgb((10, 8))
-    want = np.asarray(Image.fromarray(pixels).resize((20, 30), Image.Resampling.BICUBIC))
+    want = np.asarray(Image.fromarray(pixels).resize((20, 30), Image.Resampling.BILINEAR))
     assert np.array_equal(resize_rgb(pixels, (20, 30)), want)
+
+
+def test_keep_chunk_gives_what_encode_file_gives(tmp_path):
+    """The one-loop ``keep`` path decides every file as ``encode_file`` does: plain, odd and broken."""
+    make_image_folder(tmp_path, classes=("a",), per_class=5, seed=2)
+    write_odd_images(tmp_path / "b")
+    write_broken_files(tmp_path / "c")
+    big = tmp_path / "d" / "big.png"  # larger than the first read
+    big.parent.mkdir()
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (300, 300, 3), np.uint8)).save(big)
+    assert big.stat().st_size > encode_module.FIRST_READ
+    samples = [Sample(path, label) for path, label in scan_folder(tmp_path).samples]
+    options = EncodeOptions()
+    got = encode_module.encode_chunk(str(tmp_path), samples, options)
+    want = [encode_file(str(tmp_path), sample, options) for sample in samples]
+    assert got == want
+    assert any(isinstance(item, Skipped) for item in got) and any(isinstance(item, Encoded) for item in got)
+
+
+def _items(count: int) -> list[Encoded]:
+    rng = np.random.default_rng(count)
+    items = []
+    for i in range(count):
+        payload = rng.integers(0, 256, int(rng.integers(1, 3000)), np.uint8).tobytes()
+        items.append(Encoded(f"c{i % 3}/{i}.png", i % 3, payload, 10 + i, 20, ("RGB", "L", "P")[i % 3],
+                             ("PNG", "JPEG", "other")[i % 3], i % 9, len(payload), zlib.crc32(payload)))
+    return items
+
+
+@pytest.mark.parametrize("backend", ["shards", "lmdb"])
+def test_write_many_writes_what_write_writes(tmp_path, backend):
+    """Records written a run at a time land in the same parts, at the same offsets, as one at a time."""
+    items = _items(200)
+    outputs = []
+    for how in ("one", "many"):
+        if backend == "shards":
+            folder = tmp_path / f"{how}.shards"
+            folder.mkdir()
+            writer = ShardsWriter(folder, 64 << 10)
+        else:
+            writer = LmdbWriter(tmp_path / f"{how}.lmdb", 1 << 26, chunk_size=16 << 10)
+        if how == "one":
+            for item in items:
+                writer.write(item)
+        else:
+            for start in range(0, len(items), 64):
+                writer.write_many(items[start : start + 64])
+        manifest = writer.finish({"records": writer.index.count})
+        parts = manifest["parts"]
+        outputs.append((writer.index.to_bytes(), parts, writer.index.payload_bytes))
+    assert outputs[0] == outputs[1]
+    assert len(outputs[0][1]) > 1 if backend == "shards" else outputs[0][1]["chunks"] > 1  # runs crossed parts
+
+
+def test_appender_survives_short_writes(tmp_path, monkeypatch):
+    """Large pieces go out with ``writev``; a short write goes on from where it stopped."""
+    real = os.writev
+
+    def short(fd, buffers):
+        return real(fd, [bytes(b"".join(bytes(b) for b in buffers)[:5000])])
+
+    monkeypatch.setattr(append_file.os, "writev", short)
+    pieces = [os.urandom(n) for n in (100, 20000, 0, 9000, 1, 70000) * 5]
+    appender = append_file.HashingAppender(tmp_path / "f")
+    for piece in pieces:
+        appender.write(piece)
+    digest = appender.close()
+    data = b"".join(pieces)
+    assert (tmp_path / "f").read_bytes() == data and digest == hashlib.sha256(data).hexdigest()
+
+
+def test_slow_reads_move_to_worker_threads(tmp_path, monkeypatch):
+    """Reading starts on the writing thread and moves to worker threads when runs are slow; the pack
+    is the same either way."""
+    make_image_folder(tmp_path / "src", classes=("a", "b"), per_class=20, seed=4)
+    write_broken_files(tmp_path / "src" / "b")
+    monkeypatch.setattr(pipeline, "CHUNK_FILES", 4)
+    packs = {}
+    for name, seconds in (("inline", 1.0), ("threads", 0.0)):
+        monkeypatch.setattr(pipeline, "INLINE_SECONDS_PER_FILE", seconds)
+        threads = []
+        real = pipeline.encode_chunk
+
+        def noting(root, samples, options, real=real, threads=threads):
+            threads.append(threading.current_thread() is threading.main_thread())
+            return real(root, samples, options)
+
+        monkeypatch.setattr(pipeline, "encode_chunk", noting)
+        pack(tmp_path / "src", tmp_path / f"{name}.shards", workers=2, progress=False)
+        packs[name] = tmp_path / f"{name}.shards"
+        assert all(threads) if name == "inline" else threads[: pipeline.SLOW_RUNS] == [True] * pipeline.SLOW_RUNS
+        assert name == "inline" or not any(threads[pipeline.SLOW_RUNS :])
+    for file in ("index.bin", "shard-00000.bin"):
+        assert (packs["inline"] / file).read_bytes() == (packs["threads"] / file).read_bytes()
+    manifests = [json.loads((path / "manifest.json").read_text()) for path in packs.values()]
+    for manifest in manifests:
+        del manifest["created"]
+    assert manifests[0] == manifests[1] and manifests[0]["skipped"]
 
 
 needs_simplejpeg = pytest.mark.skipif(encode_module.simplejpeg is None, reason="simplejpeg not installed")
