@@ -1,6 +1,7 @@
 """packload's fast path against FFCV on the same data in the same run (the "speed crown").
 
     python benchmarks/bench_crown.py [--data bench-data] [--out bench-results/crown] [--repeats 3]
+        [--cases cifar,jpeg,raw] [--loaders fast,batches,drop-in,ffcv] [--reuse]
 
 Three cases, batch 64, 2 threads/workers (FFCV's numba threads, packload's ``PackLoader`` threads;
 the DataLoader paths get 2 worker processes), warm page cache:
@@ -16,7 +17,9 @@ contenders take turns (A B C, A B C, ...) so the machine's noise hits them alike
 path, the drop-in paths are measured: ``PackedImageFolder`` in a ``DataLoader`` (per-sample
 pickling, ``collate_uint8``) and ``batch_loader`` (whole batches built in worker processes).
 Pixels are compared too: the fast path against FFCV, and both against torchvision's
-``Resize(256) + CenterCrop(224)`` of the original file done with PIL.
+``Resize(256) + CenterCrop(224)`` of the original file done with PIL. For the JPEG case PackLoader is
+also measured with ``fast_idct=True`` (the fast integer IDCT FFCV decodes with). ``--cases`` and
+``--loaders`` run a subset; ``--reuse`` reads the packs already in the work folder (no write figures).
 """
 
 from __future__ import annotations
@@ -76,12 +79,12 @@ def _sampler(ds: PackedImageFolder, order: str) -> Any:
     return ds.sampler(shuffle=order != "sequential", order="random" if order == "random" else "block", seed=0)
 
 
-def read_fast(pack_path: str, order: str, crop: int | None, epochs: int) -> dict[str, Any]:
-    """packload's ``PackLoader`` (threads in this process)."""
+def read_fast(pack_path: str, order: str, crop: int | None, epochs: int, fast_idct: bool = False) -> dict[str, Any]:
+    """packload's ``PackLoader`` (threads in this process); ``fast_idct`` as FFCV decodes JPEGs."""
     def make() -> PackLoader:
         ds = PackedImageFolder(pack_path)
         return PackLoader(ds, BATCH, sampler=_sampler(ds, order), crop=crop,
-                          threads=None if crop is None else THREADS)
+                          threads=None if crop is None else THREADS, fast_idct=fast_idct)
     figures = _epochs(make, epochs, lambda loader, e: loader.set_epoch(e))
     figures["threads"] = "in the loop's thread" if crop is None else THREADS
     return figures
@@ -135,11 +138,18 @@ def pixel_check(source: Path, pack_path: Path, beton: Path | None, count: int = 
     ours = ds.get_batch(indices, crop=CenterCrop(CROP), channels_last=True)[0].permute(0, 2, 3, 1).numpy()
     reference = np.stack([_torchvision_like(str(source / ds.path(int(i)))) for i in indices])
     figures = {"records": count, "vs_torchvision_resize_crop": float(np.abs(ours.astype(np.int16) - reference).mean())}
+    if ds.encoding == "jpeg":  # what PackLoader(fast_idct=True) changes
+        fast = ds.get_batch(indices, crop=CenterCrop(CROP), channels_last=True, fast_idct=True)[0]
+        figures["fast_idct_vs_exact"] = float(np.abs(fast.permute(0, 2, 3, 1).numpy().astype(np.int16) - ours).mean())
     if beton is not None and ffcv_peer.unavailable() is None:
         theirs, _ = ffcv_peer.pixels(beton, indices.tolist(), crop=CROP)
         figures["vs_ffcv"] = float(np.abs(ours.astype(np.int16) - theirs).mean())
         figures["ffcv_vs_torchvision_resize_crop"] = float(np.abs(theirs.astype(np.int16) - reference).mean())
     return figures
+
+
+CASES = ("cifar", "jpeg", "raw")  # --cases names, in _cases' order
+LOADERS = ("fast", "batches", "drop-in", "ffcv")  # --loaders names
 
 
 def _cases(data: Path, work: Path) -> list[dict[str, Any]]:
@@ -157,28 +167,41 @@ def _cases(data: Path, work: Path) -> list[dict[str, Any]]:
     ]
 
 
-def run(data: Path, work: Path, repeats: int, epochs: int, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Write every case with both libraries, then read them in interleaved rounds."""
-    ffcv_missing = ffcv_peer.unavailable()
+def run(data: Path, work: Path, repeats: int, epochs: int, log: Callable[[str], None] = print, *,
+        cases: tuple[str, ...] = CASES, loaders: tuple[str, ...] = LOADERS, reuse: bool = False) -> dict[str, Any]:
+    """Write every case with both libraries (``reuse``: keep packs already in ``work``), then read
+    them in interleaved rounds."""
+    ffcv_missing = ffcv_peer.unavailable() if "ffcv" in loaders else "not measured (--loaders)"
     results: dict[str, Any] = {"ffcv": ffcv_missing or f"ffcv {ffcv_peer.version()}", "cases": []}
     work.mkdir(parents=True, exist_ok=True)
-    for case in _cases(data, work):
+    for key, case in zip(CASES, _cases(data, work), strict=True):
+        if key not in cases:
+            continue
         figures: dict[str, Any] = {"name": case["name"], "writes": {}, "reads": {}}
-        log(f"{case['name']}: packing")
-        figures["writes"]["packload"] = in_child(functools.partial(_write_packload, case["source"], case["pack"],
-                                                                   case["options"]), timeout=1800)
-        if ffcv_missing is None:
+        if reuse and case["pack"].exists():
+            log(f"{case['name']}: reusing {case['pack']}")
+        else:
+            log(f"{case['name']}: packing")
+            figures["writes"]["packload"] = in_child(functools.partial(_write_packload, case["source"], case["pack"],
+                                                                       case["options"]), timeout=1800)
+        if ffcv_missing is None and not (reuse and case["beton"].exists()):
             mode, resolution = case["ffcv"]
             figures["writes"]["ffcv"] = in_child(functools.partial(_write_ffcv, case["source"], case["beton"], mode,
                                                                    resolution), timeout=1800)
         for order in case["orders"]:
-            contenders = {
-                "packload PackLoader": functools.partial(read_fast, str(case["pack"]), order, case["crop"], epochs),
-                "packload batch_loader (DataLoader)": functools.partial(read_batches, str(case["pack"]), order,
-                                                                        case["crop"], epochs),
-                "packload drop-in (DataLoader)": functools.partial(read_drop_in, str(case["pack"]), order,
-                                                                   case["crop"], epochs),
-            }
+            pack_path, crop = str(case["pack"]), case["crop"]
+            contenders: dict[str, Callable[[], dict[str, Any]]] = {}
+            if "fast" in loaders:
+                contenders["packload PackLoader"] = functools.partial(read_fast, pack_path, order, crop, epochs)
+                if case["options"].encoding == "jpeg":
+                    contenders["packload PackLoader, fast IDCT"] = functools.partial(read_fast, pack_path, order,
+                                                                                    crop, epochs, True)
+            if "batches" in loaders:
+                contenders["packload batch_loader (DataLoader)"] = functools.partial(read_batches, pack_path, order,
+                                                                                     crop, epochs)
+            if "drop-in" in loaders:
+                contenders["packload drop-in (DataLoader)"] = functools.partial(read_drop_in, pack_path, order, crop,
+                                                                                epochs)
             if ffcv_missing is None:
                 contenders["FFCV"] = functools.partial(read_ffcv, str(case["beton"]), order, case["crop"], epochs)
             runs: dict[str, list[dict[str, Any]]] = {name: [] for name in contenders}
@@ -211,11 +234,14 @@ def markdown(results: dict[str, Any]) -> str:
         lines.append(f"**{case['name']}**")
         lines.append("")
         writes = case["writes"]
-        ours = writes["packload"]["seconds"]
-        theirs = writes.get("ffcv", {}).get("seconds")
-        lines.append(f"Write: packload {ours:.1f} s ({writes['packload']['bytes'] / 1e6:,.0f} MB)"
-                     + (f", FFCV {theirs:.1f} s ({writes['ffcv']['bytes'] / 1e6:,.0f} MB): packload takes "
-                        f"**{ours / theirs:.2f}×** FFCV's time" if theirs else "") + ".")
+        if "packload" in writes:
+            ours = writes["packload"]["seconds"]
+            theirs = writes.get("ffcv", {}).get("seconds")
+            lines.append(f"Write: packload {ours:.1f} s ({writes['packload']['bytes'] / 1e6:,.0f} MB)"
+                         + (f", FFCV {theirs:.1f} s ({writes['ffcv']['bytes'] / 1e6:,.0f} MB): packload takes "
+                            f"**{ours / theirs:.2f}×** FFCV's time" if theirs else "") + ".")
+        else:
+            lines.append("Write: not measured (packs reused, `--reuse`).")
         lines.append("")
         rows = []
         for order, contenders in case["reads"].items():
@@ -231,7 +257,9 @@ def markdown(results: dict[str, Any]) -> str:
                          f"vs torchvision's Resize(256)+CenterCrop(224) of the original "
                          f"{p['vs_torchvision_resize_crop']:.1f}"
                          + (f"; vs FFCV {p['vs_ffcv']:.1f}; FFCV vs torchvision's "
-                            f"{p['ffcv_vs_torchvision_resize_crop']:.1f}" if "vs_ffcv" in p else "") + ".")
+                            f"{p['ffcv_vs_torchvision_resize_crop']:.1f}" if "vs_ffcv" in p else "")
+                         + (f"; fast IDCT vs exact IDCT {p['fast_idct_vs_exact']:.1f}" if "fast_idct_vs_exact" in p
+                            else "") + ".")
         lines.append("")
     return "\n".join(lines)
 
@@ -243,14 +271,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=None, help="scratch for packs and .beton files (default OUT/work)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved rounds of reads")
     p.add_argument("--epochs", type=int, default=2, help="measured epochs per read run (after one warm-up)")
+    p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of {','.join(CASES)}")
+    p.add_argument("--loaders", default=",".join(LOADERS), help=f"comma-separated subset of {','.join(LOADERS)}")
+    p.add_argument("--reuse", action="store_true",
+                   help="read packs and .beton files already in the work folder instead of writing them again "
+                        "(no write figures then)")
     args = p.parse_args(argv)
+    cases, loaders = tuple(args.cases.split(",")), tuple(args.loaders.split(","))
+    unknown = sorted((set(cases) - set(CASES)) | (set(loaders) - set(LOADERS)))
+    if unknown:
+        print(f"unknown --cases/--loaders name(s): {', '.join(unknown)}", file=sys.stderr)
+        return 2
     for name in ("cifar", "imagenet"):
         if not (args.data / name).is_dir():
             print(f"{args.data / name}: missing; make it with `python benchmarks/make_images.py {name} "
                   f"{args.data / name}`", file=sys.stderr)
             return 2
     started = _dt.datetime.now(_dt.timezone.utc)
-    results = run(args.data, args.work or args.out / "work", args.repeats, args.epochs)
+    results = run(args.data, args.work or args.out / "work", args.repeats, args.epochs, cases=cases, loaders=loaders,
+                  reuse=args.reuse)
     results["command"] = "python " + " ".join(shlex.quote(a) for a in ["benchmarks/bench_crown.py", *sys.argv[1:]])
     results["date"] = started.strftime("%Y-%m-%d %H:%M UTC")
     results["machine"] = machine.describe(args.data)

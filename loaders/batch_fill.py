@@ -8,7 +8,11 @@ Two routes, both writing straight into the batch (no per-sample tensors, nothing
   NumPy gather. With ``verify`` each record's CRC-32 is checked first.
 * ``fill_decoded``: every other payload is decoded (libjpeg-turbo through simplejpeg when
   installed, at a reduced DCT scale when a ``CenterCrop`` makes the image smaller; PIL otherwise)
-  and either copied as it is (all images one size) or cropped and resized into its slot.
+  and either copied as it is (all images one size) or cropped and resized into its slot. With a
+  crop into a channels-last batch, upright raw and libjpeg-turbo JPEG records take a shorter
+  route (``_CropFill``): the square is copied straight from the memory map (or the JPEG decoded
+  into one buffer reused for the batch) and resized into its slot by one torch call, with the
+  per-record bookkeeping done once per batch in NumPy. Same pixels as the general route.
 """
 
 from __future__ import annotations
@@ -19,10 +23,10 @@ import numpy as np
 import torch
 
 from packer.errors import PackFormatError
-from packer.format import PAYLOAD_FORMATS
+from packer.format import FORMAT_CODE, PAYLOAD_FORMATS
 
-from .crop import CenterCrop
-from .decode import DECODE_ERRORS, decode_array, decode_failure, raw_array
+from .crop import CenterCrop, resize
+from .decode import DECODE_ERRORS, _check_pixel_limit, decode_array, decode_failure, raw_array, simplejpeg
 from .read import PackReader
 
 Replace = Callable[[int, Exception], tuple[int, memoryview]]
@@ -125,37 +129,113 @@ class RawGather:
 
 def fill_decoded(reader: PackReader, positions: Sequence[int], payloads: Sequence[memoryview], out: torch.Tensor,
                  *, crop: CenterCrop | None, fast_jpeg: bool = True, exif_transpose: bool = False,
-                 replace: Replace | None = None) -> list[int]:
+                 replace: Replace | None = None, fast_idct: bool = False) -> list[int]:
     """Decode each payload into its slot of ``out`` (B×3×H×W uint8, any memory layout): cropped
     and resized by ``crop``, or copied as it is when every image already has the batch's size.
 
     A payload that cannot be decoded raises ``PackFormatError`` naming the record, or, with
-    ``replace``, is swapped for the record ``replace(index, error)`` gives. Returns the record
-    numbers whose images fill the batch (``positions`` unless some were replaced)."""
-    chosen = []
-    for k, (index, view) in enumerate(zip(positions, payloads, strict=True)):
+    ``replace``, is swapped for the record ``replace(index, error)`` gives. ``fast_idct`` decodes
+    JPEGs with libjpeg-turbo's fast integer IDCT. Returns the record numbers whose images fill the
+    batch (``positions`` unless some were replaced)."""
+    chosen = [int(index) for index in positions]
+    if len(chosen) != len(payloads):
+        raise ValueError(f"{len(chosen)} records but {len(payloads)} payloads")
+    fast = None
+    if crop is not None and chosen and out.is_contiguous(memory_format=torch.channels_last):
+        fast = _CropFill(reader, chosen, crop, out, fast_jpeg and simplejpeg is not None, exif_transpose, fast_idct)
+    for k, view in enumerate(payloads):
+        if fast is not None and fast.fill(k, view):
+            continue
+        index = chosen[k]
         while True:
             try:
-                pixels = _decode(reader, int(index), view, crop, fast_jpeg, exif_transpose)
+                pixels = _decode(reader, index, view, crop, fast_jpeg, exif_transpose, fast_idct)
                 break
             except PackFormatError as exc:
                 if replace is None:
                     raise
-                index, view = replace(int(index), exc)
+                index, view = replace(index, exc)
+                index = chosen[k] = int(index)
         slot = out[k]
         if crop is not None:
             crop.into(pixels, slot)
         elif pixels.shape[:2] != tuple(slot.shape[1:]):
-            raise ValueError(f"{reader.where(int(index))}: image is {pixels.shape[0]}x{pixels.shape[1]}, the batch "
+            raise ValueError(f"{reader.where(index)}: image is {pixels.shape[0]}x{pixels.shape[1]}, the batch "
                              f"{slot.shape[1]}x{slot.shape[2]}; give a crop (or a transform) that makes one size")
         else:
             np.copyto(slot.numpy(), pixels.transpose(2, 0, 1))
-        chosen.append(int(index))
     return chosen
 
 
+class _CropFill:
+    """The common cases of a cropped batch with as little Python per image as possible: raw
+    pixels, and JPEGs decoded by libjpeg-turbo, both upright. The index columns and the raw
+    images' squares are worked out once per batch; each image goes through one scratch buffer
+    reused for the whole batch (no allocation per image), and torch resizes its square straight
+    into the image's slot in one call (the same call as ``CenterCrop``, so the same pixels).
+    ``fill`` returns False for anything else (other formats, EXIF rotation, a payload that does not
+    decode), which the caller then takes through the general route: same pixels, same errors."""
+
+    def __init__(self, reader: PackReader, positions: list[int], crop: CenterCrop, out: torch.Tensor,
+                 jpeg: bool, exif_transpose: bool, fast_idct: bool) -> None:
+        entries = reader.entries[np.asarray(positions, dtype=np.int64)]
+        heights, widths = entries["height"].astype(np.int64), entries["width"].astype(np.int64)
+        sides = np.maximum(1, (crop.ratio * np.minimum(heights, widths)).astype(np.int64))  # as CenterCrop.window
+        raw = (entries["format"] == FORMAT_CODE["raw"]) & (sides != crop.size)
+        if exif_transpose:
+            raw &= entries["orientation"] == 0
+        # raw: (payload bytes, side, byte offset of the square, row stride), or None for the general route
+        self.raw = [(h * w * 3, side, ((h - side) // 2 * w + (w - side) // 2) * 3, w * 3) if ok else None
+                    for ok, h, w, side in zip(raw.tolist(), heights.tolist(), widths.tolist(), sides.tolist(),
+                                              strict=True)]
+        jpegs = np.isin(entries["format"], [FORMAT_CODE["JPEG"], FORMAT_CODE["MPO"]])
+        jpegs &= np.isin(entries["mode"], [b"RGB", b"L"]) & jpeg
+        if exif_transpose:
+            jpegs &= entries["orientation"] == 0
+        self.jpeg = jpegs.tolist()
+        self.heights, self.widths = heights.tolist(), widths.tolist()
+        self.crop = crop
+        self.fast_idct = fast_idct
+        self.slots = out.split(1)  # 1×3×S×S channels-last views, one per image
+        self.scratch = np.empty(int((heights * widths).max()) * 3, dtype=np.uint8)
+        self.flat = torch.from_numpy(self.scratch)
+
+    def fill(self, k: int, view: memoryview) -> bool:
+        """Crop and resize image ``k`` into its slot; False if it must take the general route."""
+        raw = self.raw[k]
+        if raw is not None:
+            nbytes, side, offset, stride = raw
+            if len(view) != nbytes:
+                return False
+            square = np.ndarray((side, side, 3), np.uint8, view, offset, (stride, 3, 1))
+            np.copyto(np.ndarray((side, side, 3), np.uint8, self.scratch), square)  # one copy, straight from the map
+            square = self.flat.as_strided((1, 3, side, side), (side * side * 3, 1, side * 3, 3))
+        elif self.jpeg[k]:
+            try:
+                header_height, header_width = simplejpeg.decode_jpeg_header(view)[:2]
+                if header_height * header_width * 3 > len(self.scratch):
+                    return False
+                _check_pixel_limit(header_height, header_width)
+                min_h, min_w = _decode_size(self.crop, self.heights[k], self.widths[k], 0) or (0, 0)
+                pixels = simplejpeg.decode_jpeg(view, colorspace="RGB", fastdct=self.fast_idct, min_height=min_h,
+                                                min_width=min_w, buffer=self.scratch)
+            except DECODE_ERRORS:
+                return False  # the general route decides: PIL, or a clear error naming the record
+            height, width = pixels.shape[:2]
+            top, left, side = self.crop.window(height, width)
+            square = self.flat.as_strided((1, 3, side, side), (height * width * 3, 1, width * 3, 3),
+                                          (top * width + left) * 3)
+            if side == self.crop.size:
+                self.slots[k].copy_(square)
+                return True
+        else:
+            return False
+        resize(square, self.slots[k])
+        return True
+
+
 def _decode(reader: PackReader, index: int, view: memoryview, crop: CenterCrop | None, fast_jpeg: bool,
-            exif_transpose: bool) -> np.ndarray:
+            exif_transpose: bool, fast_idct: bool = False) -> np.ndarray:
     """Record ``index``'s pixels, HxWx3 uint8 (a zero-copy view for raw); PackFormatError if damaged."""
     entry = reader.entries[index]
     width, height = int(entry["width"]), int(entry["height"])
@@ -166,7 +246,7 @@ def _decode(reader: PackReader, index: int, view: memoryview, crop: CenterCrop |
             return raw_array(view, width, height)
         mode = entry["mode"].decode("ascii", "replace")
         return decode_array(view, fmt, mode, width, height, _decode_size(crop, height, width, orientation),
-                            orientation, fast_jpeg)
+                            orientation, fast_jpeg, fast_idct)
     except DECODE_ERRORS as exc:
         raise decode_failure(exc, reader.where(index)) from exc
 

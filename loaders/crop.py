@@ -83,20 +83,23 @@ class CenterCrop:
 
 
 def _resize_into(image: np.ndarray, out: torch.Tensor) -> None:
-    """Bilinear, antialiased resize of HxWx3 uint8 ``image`` into ``out`` (3×h×w uint8 view).
+    """Bilinear, antialiased resize of HxWx3 uint8 ``image`` into ``out`` (3×h×w uint8 view)."""
+    resize(torch.from_numpy(image).permute(2, 0, 1).unsqueeze(0), out.unsqueeze(0))
 
-    torch's fast uint8 kernel runs when input and output are channels-last; writing straight into
-    a channels-last ``out`` (a slot of a channels-last batch) also saves a copy. Same pixels as
-    ``F.interpolate(..., mode="bilinear", antialias=True)``, which is the fallback."""
-    nchw = torch.from_numpy(image).permute(2, 0, 1).unsqueeze(0)
-    target = out.unsqueeze(0)
-    size = (int(out.shape[1]), int(out.shape[2]))
-    if target.is_contiguous(memory_format=torch.channels_last):
+
+def resize(square: torch.Tensor, out: torch.Tensor) -> None:
+    """Bilinear, antialiased resize of 1×3×h×w uint8 ``square`` (any strides) into 1×3×H×W ``out``.
+
+    torch's fast uint8 kernel runs when ``out`` is channels-last (a slot of a channels-last batch,
+    written in place: no copy); it makes a channels-last copy of ``square`` itself when needed, with
+    the GIL released. Same pixels as ``F.interpolate(..., mode="bilinear", antialias=True)``, which
+    is the fallback."""
+    size = (out.shape[2], out.shape[3])
+    if out.is_contiguous(memory_format=torch.channels_last):
         try:
-            torch._C._nn._upsample_bilinear2d_aa(nchw.contiguous(memory_format=torch.channels_last), size, False,
-                                                 None, None, out=target)
+            torch._C._nn._upsample_bilinear2d_aa(square, size, False, None, None, out=out)
             return
         except (AttributeError, TypeError, RuntimeError):  # an older or newer torch without this overload
             pass
-    out.copy_(torch.nn.functional.interpolate(nchw, size=size, mode="bilinear", antialias=True,
-                                              align_corners=False)[0])
+    out.copy_(torch.nn.functional.interpolate(square, size=size, mode="bilinear", antialias=True,
+                                              align_corners=False))

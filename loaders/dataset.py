@@ -104,7 +104,7 @@ class PackedImageFolder(Dataset):
         return [self._sample(reader, i, view) for i, view in zip(positions, views, strict=True)]
 
     def get_batch(self, indices: Sequence[int], channels_last: bool = False, *, crop: CenterCrop | None = None,
-                  pin_memory: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                  pin_memory: bool = False, fast_idct: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Read, decode and stack a whole batch: ``(B×3×H×W uint8, B int64)`` in one call.
 
         The fast path for training loops (``PackLoader`` and ``batch_loader`` use it): every image
@@ -113,13 +113,21 @@ class PackedImageFolder(Dataset):
         with reduced-scale JPEG decoding), a pack whose images are all one size, or, without a
         crop, the dataset's ``transform`` if it makes one size. Raw pixels are gathered straight
         from the memory map. ``channels_last`` gives channels-last memory (no transpose copy);
-        ``pin_memory`` page-locked memory (when CUDA is available).
+        ``pin_memory`` page-locked memory (when CUDA is available). ``fast_idct`` decodes JPEGs with
+        libjpeg-turbo's fast integer IDCT (as FFCV does): a few percent faster, pixels about one level
+        of 255 from the exact IDCT's on average, so no longer identical to the drop-in path's.
         """
+        return self._batch(indices, crop, channels_last, pin_memory, fast_idct=fast_idct)
+
+    def _batch(self, indices: Sequence[int], crop: CenterCrop | None, channels_last: bool, pin_memory: bool,
+               images: torch.Tensor | None = None, fast_idct: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """``get_batch``; a cropped batch is written into ``images`` when given (a batch of the same
+        shape and layout that nothing else refers to any more: ``PackLoader`` reuses its batches)."""
         reader = self.reader()
         positions = reader.positions(indices)
         if crop is None and self.transform is not None:  # the caller's transform decides the size
-            images, labels = collate_uint8(self.__getitems__(positions.tolist()), pin_memory=pin_memory)
-            return (images.contiguous(memory_format=torch.channels_last) if channels_last else images), labels
+            batch, labels = collate_uint8(self.__getitems__(positions.tolist()), pin_memory=pin_memory)
+            return (batch.contiguous(memory_format=torch.channels_last) if channels_last else batch), labels
         pin = pin_memory and torch.cuda.is_available()
         if crop is None and self.encoding == "raw" and not self.exif_transpose:
             try:
@@ -127,7 +135,8 @@ class PackedImageFolder(Dataset):
             except ChecksumError:
                 if self.on_error == "raise":
                     raise  # else decode record by record below, replacing the damaged ones
-        return self._decode_batch(reader, positions, crop, channels_last, pin)
+        return self._decode_batch(reader, positions, crop, channels_last, pin, images if crop is not None else None,
+                                  fast_idct)
 
     def get_encoded_batch(self, indices: Sequence[int], *,
                           pin_memory: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -160,17 +169,19 @@ class PackedImageFolder(Dataset):
         return images, (labels.pin_memory() if pin else labels)
 
     def _decode_batch(self, reader: PackReader, positions: np.ndarray, crop: CenterCrop | None, channels_last: bool,
-                      pin: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """A batch decoded (and cropped) record by record, damaged records replaced under ``on_error="skip"``."""
+                      pin: bool, images: torch.Tensor | None = None,
+                      fast_idct: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """A batch decoded (and cropped) record by record, damaged records replaced under ``on_error="skip"``;
+        written into ``images`` when it has the batch's shape and layout, else into a new tensor."""
         height, width = self._batch_size_of(reader, positions, crop)
         count = len(positions)
-        if channels_last:
-            images = torch.empty((count, height, width, 3), dtype=torch.uint8, pin_memory=pin).permute(0, 3, 1, 2)
-        else:
-            images = torch.empty((count, 3, height, width), dtype=torch.uint8, pin_memory=pin)
+        layout = torch.channels_last if channels_last else torch.contiguous_format
+        if images is None or images.shape != (count, 3, height, width) or images.dtype != torch.uint8 \
+                or not images.is_contiguous(memory_format=layout):
+            images = torch.empty((count, 3, height, width), dtype=torch.uint8, pin_memory=pin, memory_format=layout)
         chosen, views = self._payloads(reader, positions)
         chosen = fill_decoded(reader, chosen, views, images, crop=crop, fast_jpeg=self.fast_jpeg,
-                              exif_transpose=self.exif_transpose, replace=self._replacer(reader))
+                              exif_transpose=self.exif_transpose, replace=self._replacer(reader), fast_idct=fast_idct)
         labels = torch.from_numpy(reader.entries["label"][np.asarray(chosen, dtype=np.int64)].astype(np.int64))
         return images, (labels.pin_memory() if pin else labels)
 

@@ -78,6 +78,65 @@ def test_cropped_png_batches_are_pixel_identical_to_the_transform(packs, threads
         assert torch.equal(images, want_images) and torch.equal(labels, want_labels)
 
 
+@pytest.fixture(scope="module")
+def sized_packs(source, tmp_path_factory, backend):
+    """Raw (images of many sizes) and re-encoded JPEG packs, for the per-format fast crop routes."""
+    out = tmp_path_factory.mktemp("sized")
+    made = {}
+    for name, options in {"raw": EncodeOptions(encoding="raw"), "jpeg": EncodeOptions(encoding="jpeg", quality=90)}.items():
+        made[name] = out / f"{name}-{backend}"
+        pack(source, made[name], options=options, workers=1, progress=False, shard_size=1 << 16,
+             backend="lmdb" if backend.endswith("lmdb") else "shards")
+    return made
+
+
+@pytest.mark.parametrize("encoding", ["raw", "jpeg"])
+@pytest.mark.parametrize("threads, channels_last, exif", [(0, True, False), (2, True, True), (2, False, False)])
+def test_cropped_raw_and_jpeg_batches_are_pixel_identical_to_the_transform(sized_packs, encoding, threads,
+                                                                            channels_last, exif):
+    """Squares read straight from the map or decoded into one reused buffer: the drop-in path's pixels
+    (a crop that enlarges every image, so no JPEG is decoded at a reduced scale)."""
+    crop = CenterCrop(112)
+    fast = PackedImageFolder(sized_packs[encoding], exif_transpose=exif)
+    slow = PackedImageFolder(sized_packs[encoding], transform=crop, exif_transpose=exif)
+    got = list(PackLoader(fast, 6, sampler=fast.sampler(seed=3), crop=crop, threads=threads,
+                          channels_last=channels_last))
+    want = drop_in_batches(slow, slow.sampler(seed=3), 6)
+    assert len(got) == len(want)
+    for (images, labels), (want_images, want_labels) in zip(got, want, strict=True):
+        assert torch.equal(images, want_images) and torch.equal(labels, want_labels)
+
+
+def test_fast_idct_stays_within_a_level_or_two(sized_packs):
+    crop = CenterCrop(112)
+    ds = PackedImageFolder(sized_packs["jpeg"])
+    order = list(range(len(ds)))
+    exact = ds.get_batch(order, crop=crop)[0].numpy().astype(np.int16)
+    fast = torch.cat([images for images, _ in PackLoader(ds, 8, sampler=ds.sampler(shuffle=False), crop=crop,
+                                                          threads=2, channels_last=False, fast_idct=True)])
+    diff = np.abs(fast.numpy().astype(np.int16) - exact)
+    assert diff.mean() < 2.0  # the documented "about one level"
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+def test_batches_kept_by_the_loop_are_never_overwritten(sized_packs, threads):
+    """PackLoader reuses the memory of batches the loop let go of; anything still held stays intact."""
+    ds = PackedImageFolder(sized_packs["raw"])
+    loader = PackLoader(ds, 4, crop=CenterCrop(40), threads=threads)
+    kept, copies, pointers = [], [], []
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        for step, (images, _) in enumerate(loader):
+            pointers.append(images.data_ptr())
+            held = {0: images, 1: images[-1], 2: images.numpy()}.get(step % 4)
+            if held is not None:
+                kept.append(held)
+                copies.append(held.numpy().copy() if isinstance(held, torch.Tensor) else held.copy())
+    for held, copy in zip(kept, copies, strict=True):
+        assert np.array_equal(held.numpy() if isinstance(held, torch.Tensor) else held, copy)
+    assert len(set(pointers)) < len(pointers)  # and the others were reused
+
+
 def test_cropped_jpegs_match_a_full_decode_within_tolerance(packs):
     """Reduced-scale decoding (and libjpeg-turbo instead of PIL) changes JPEG pixels a little."""
     crop = CenterCrop(24)
