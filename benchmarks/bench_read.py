@@ -202,10 +202,10 @@ def contenders(p: Prepared, mode: str) -> list[Contender]:
 
     def packload(label: str, path: Path, decode_size: tuple[int, int] | None = None, note: str = "",
                  bounded: bool = True, whole_batches: bool = False,
-                 loader: Callable[..., Any] | None = None) -> None:
+                 loader: Callable[..., Any] | None = None, prefetch: bool = False) -> None:
         def build() -> tuple[Dataset, Sampler | None]:
             ds = PackedImageFolder(path, transform=transform, output=output, decode_size=decode_size)
-            return ds, ds.sampler(shuffle=True, seed=0)
+            return ds, ds.sampler(shuffle=True, seed=0, **({"prefetch": path} if prefetch else {}))
 
         rows.append(Contender(label, "packload", build, collate, [path], release=_close_reader,
                               note=note or "ds.sampler(shuffle=True, seed=0)", bounded=bounded,
@@ -215,6 +215,10 @@ def contenders(p: Prepared, mode: str) -> list[Contender]:
     packload("packload shards", p.packs["shards"])
     threads_note = "PackLoader: whole batches built in threads of the training process, no DataLoader"
     if mode == "bytes":
+        prefetch_note = ("ds.sampler(shuffle=True, seed=0, prefetch=PATH): the sampler announces the next window's "
+                         "records (posix_fadvise WILLNEED; parallel reads on FUSE/network storage)")
+        packload("packload lmdb, sampler prefetch", p.packs["lmdb"], prefetch=True, note=prefetch_note)
+        packload("packload shards, sampler prefetch", p.packs["shards"], prefetch=True, note=prefetch_note)
         packload("packload shards, PackLoader (encoded)", p.packs["shards"], loader=_threads(encoded=True),
                  note=threads_note + "; (data, offsets, labels) batches")
     elif mode == "decoded":
@@ -456,19 +460,25 @@ def run(datasets: dict[str, tuple[Path, str]], work: Path, *, peers: bool = True
         warmup: int = 1, workers: Sequence[int] = (0, 1, 2, 4), batch_size: int = 64,
         budgets: dict[str, int] | None = None, sweep_fraction: float = 0.5, cold: bool = True,
         limits: dict[str, Any] | None = None, peer_factories: dict[str, Callable[[], Peer]] | None = None,
-        log: Callable[[str], None] | None = print, slow: dict[str, Any] | None = None) -> dict[str, Any]:
+        log: Callable[[str], None] | None = print, slow: dict[str, Any] | None = None,
+        modes: Sequence[str] | None = None, only: Sequence[str] | None = None) -> dict[str, Any]:
     """Every dataset × mode: sweep num_workers, then warm and cold interleaved repeats; all figures.
 
     ``slow={"latency_ms": 2, "mbps": None}`` reads everything through a slowfs mount
     (:func:`slow_storage`): cold cache only (a remount before every run, the sweep included), since
-    a warm page cache hides the storage entirely."""
+    a warm page cache hides the storage entirely. ``modes`` keeps only those modes (``bytes``,
+    ``decoded``, ``decoded+crop224``); ``only`` keeps the contenders whose name starts with one of
+    its strings (the baseline and the peers named there still set the ratios)."""
     budgets = budgets or {}
     factories = (peer_factories if peer_factories is not None else PEERS) if peers else None
+    if factories is not None and only:  # peers left out are not written either
+        factories = {k: v for k, v in factories.items() if k.startswith(tuple(only))}
     out: dict[str, Any] = {
         "settings": {"repeats": repeats, "warmup": warmup, "workers_sweep": list(workers), "batch_size": batch_size,
                      "budgets": budgets, "sweep_fraction": sweep_fraction, "peers": peers,
                      "timing": "dataset + DataLoader construction, worker start and every batch",
-                     "storage": {"slowfs": slow} if slow else "local"},
+                     "storage": {"slowfs": slow} if slow else "local",
+                     "modes": list(modes) if modes else None, "only": list(only) if only else None},
         "datasets": {},
     }
     for name, (source, kind) in datasets.items():
@@ -482,7 +492,7 @@ def run(datasets: dict[str, tuple[Path, str]], work: Path, *, peers: bool = True
                 prepared, fs, cold_setup = local, None, None
             out["datasets"][name] = _read_dataset(name, prepared, source, kind, workers, batch_size, budgets,
                                                   repeats, warmup, sweep_fraction, cold,
-                                                  None if slow else limits, log, cold_setup)
+                                                  None if slow else limits, log, cold_setup, modes, only)
             if fs is not None:
                 out["datasets"][name]["slowfs_stats_last_run"] = fs.stats().to_json()
     return out
@@ -491,15 +501,18 @@ def run(datasets: dict[str, tuple[Path, str]], work: Path, *, peers: bool = True
 def _read_dataset(name: str, prepared: Prepared, source: Path, kind: str, workers: Sequence[int], batch_size: int,
                   budgets: dict[str, int], repeats: int, warmup: int, sweep_fraction: float, cold: bool,
                   limits: dict[str, Any] | None, log: Callable[[str], None] | None,
-                  cold_setup: Callable[[], dict[str, Any]] | None) -> dict[str, Any]:
+                  cold_setup: Callable[[], dict[str, Any]] | None, modes: Sequence[str] | None = None,
+                  only: Sequence[str] | None = None) -> dict[str, Any]:
     """One dataset's modes (see :func:`run`); ``cold_setup`` replaces warm runs and eviction (slowfs)."""
     files = FolderImages(source).samples
     mean_bytes = sum(Path(f).stat().st_size for f, _ in files) / max(1, len(files))
     entry: dict[str, Any] = {"source": str(source), "kind": kind, "files": len(files),
                              "mean_file_bytes": mean_bytes, "modes": {}}
     for mode in MODES[kind]:
+        if modes and mode not in modes:
+            continue
         budget = min(len(files), budgets.get(mode, len(files)))
-        cs = contenders(prepared, mode)
+        cs = [c for c in contenders(prepared, mode) if not only or c.name.startswith(tuple(only))]
         live = [c for c in cs if c.unavailable is None]
         if log:
             log(f"read: {name} {mode}: " + ("cold cache" if cold_setup else "warming the cache")

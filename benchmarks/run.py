@@ -59,6 +59,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--decode-seconds", type=float, default=None, help="time per decode-rate measurement")
     p.add_argument("--workers", default=None, help="num_workers to sweep, comma separated (e.g. 0,1,2,4)")
     p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--modes", default=None, help="read modes to run, comma separated (bytes, decoded, "
+                   "decoded+crop224); default all")
+    p.add_argument("--contenders", default=None, help="read contenders to run: comma separated name prefixes "
+                   "(e.g. 'packload,litdata,FolderImages'); default all")
     p.add_argument("--storage", type=_storage, default=None, metavar="local|slow:LATENCY_MS[:MBPS]",
                    help="read benchmarks with the images and every format behind a slowfs mount "
                         "(benchmarks/slowfs.py): LATENCY_MS added to every open and read request, "
@@ -79,6 +83,12 @@ def _storage(spec: str) -> dict[str, Any] | None:
     if kind != "slow" or not 1 <= len(numbers) <= 2 or numbers[0] < 0 or (len(numbers) == 2 and numbers[1] <= 0):
         raise argparse.ArgumentTypeError(f"{spec!r}: give local or slow:LATENCY_MS[:MBPS], e.g. slow:2 or slow:2:200")
     return {"latency_ms": numbers[0], "mbps": numbers[1] if len(numbers) == 2 else None}
+
+
+def _names(spec: str | None) -> list[str] | None:
+    """``"a,b"`` -> ``["a", "b"]``; None or empty -> None (everything)."""
+    names = [n.strip() for n in (spec or "").split(",") if n.strip()]
+    return names or None
 
 
 def _dataset_dir(data: Path, kind: str, count: int) -> Path:
@@ -219,7 +229,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             data = {"data": bench_read.run(datasets, work, peers=args.peers, repeats=scale["repeats"],
                                            warmup=scale["warmup"], workers=workers, batch_size=args.batch_size,
                                            budgets=budgets, cold=args.cold, limits=limits, log=log,
-                                           slow=args.storage)}
+                                           slow=args.storage, modes=_names(args.modes),
+                                           only=_names(args.contenders))}
         data["meta"] = {"command": command, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                         "minutes": (time.perf_counter() - started) / 60, "scale": scale,
                         "datasets": {k: str(v[0]) for k, v in datasets.items()},

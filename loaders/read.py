@@ -46,7 +46,14 @@ from packer.format import (
 
 PAGE = mmap.PAGESIZE
 _GRANULE_SHIFT = 17  # prefetch in whole 128 KiB granules: a FUSE request's and the default readahead's size
-_RUN_GAP = 1 << 20  # records closer than this are prefetched as one run (a sampler block's sparse picks)
+_ADVISED_LIMIT = 1 << 17  # pieces (up to 16 GiB) asked for before the reader forgets which, and asks again
+_CHUNKS_KEPT = 4096  # LMDB chunk views a reader keeps (about 4 GiB of a pack's map; the views are small)
+_BLOCK_RECORDS = 64  # a batch's prefetch stops at the edges of such groups: PackSampler's default block_size
+_BLOCK_SHIFT = 31  # a piece's key: block << 31 | part within the block << 25 | granule within the part's share
+_PARTS_IN_BLOCK = 63
+_IN_BLOCK = (1 << 25) - 1
+_NO_LIMIT = 1 << 62
+_F_BIGDATA, _P_OVERFLOW, _PAGE_HEADER = 0x01, 0x04, 16  # LMDB 0.9: a node's value on overflow pages
 _MADV_WILLNEED = 3
 _libc: Any = None
 
@@ -59,6 +66,12 @@ def _madvise_willneed(view: memoryview) -> None:
     address = np.frombuffer(view, np.uint8).ctypes.data
     start = address - address % PAGE
     _libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(address + len(view) - start), _MADV_WILLNEED)
+
+
+def _distinct(values: np.ndarray) -> np.ndarray:
+    """The distinct values, sorted (``np.unique`` without its first-call import of ``numpy.ma``)."""
+    values = np.sort(values)
+    return values[np.concatenate([[True], values[1:] != values[:-1]])] if len(values) else values
 
 
 class _ParallelFetcher:
@@ -112,6 +125,53 @@ def _parallel_reads(path: Path) -> bool:
     return bool(facts["network"] or facts["fuse"])
 
 
+class PackHints:
+    """Announce the records a sampler will hand out next, from the process that runs the sampler.
+
+    Called with an array of upcoming record numbers: opens the pack read-only on first use (again
+    after a fork) and passes them to :meth:`PackReader.advise`, which queues the reads and returns.
+    Best effort: a failure is kept in ``error``, never raised (the reads themselves report a
+    missing or damaged pack). Pickles as just the path. ``PackSampler(prefetch=path)`` builds one.
+
+    (Queueing from a helper thread instead was measured slower with a cold cache on two cores.)"""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._reader: PackReader | None = None
+        self._parallel: bool | None = None
+        self.error: Exception | None = None
+
+    def __call__(self, indices: np.ndarray) -> int:
+        try:
+            if self._parallel is None:  # network or FUSE: nothing to announce, so nothing to open
+                self._parallel = _parallel_reads(self.path)
+            if self._parallel:
+                return 0
+            if self._reader is None or self._reader.closed or self._reader.pid != os.getpid():
+                self._reader = PackReader(self.path)
+            return self._reader.advise(indices)
+        except Exception as exc:
+            self.error = exc
+            return 0
+
+    def close(self) -> None:
+        if self._reader is not None and self._reader.pid == os.getpid():
+            self._reader.close()
+        self._reader = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the files close with the process
+            pass
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path, "_reader": None, "_parallel": None, "error": None}
+
+    def __repr__(self) -> str:
+        return f"PackHints({str(self.path)!r})"
+
+
 class _SharedEnvironments:
     """py-lmdb allows one open environment per file per process, so readers of the same file in one
     process share it, each with its own read transaction; it is closed when its last reader closes.
@@ -131,7 +191,10 @@ class _SharedEnvironments:
         key = (st.st_dev, st.st_ino)
         slot = self._open.get(key)
         if slot is None:
-            env = lmdb.open(str(path), subdir=False, readonly=True, lock=False, readahead=True, max_readers=1)
+            # No readahead on LMDB's own map: it serves only B-tree lookups (each touches a page or
+            # two; with readahead each would read megabytes around it). Readers take the values'
+            # bytes from their own map of the file, prefetched (PackReader._chunk).
+            env = lmdb.open(str(path), subdir=False, readonly=True, lock=False, readahead=False, max_readers=1)
             # Reading a page past the end of a truncated file would kill the process with SIGBUS.
             needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
             if needed > st.st_size:
@@ -182,12 +245,13 @@ class PackReader:
         self._maps: dict[int, mmap.mmap] = {}
         self._env: lmdb.Environment | None = None
         self._txn: Any = None
-        self._chunk_cache: tuple[int, memoryview] | None = None
+        self._chunks: dict[int, memoryview] = {}  # LMDB chunk -> its value (see _chunk)
         self.closed = False
-        self._advised: set[tuple[int, int]] = set()  # (part, granule) already asked for with MADV_WILLNEED
+        self._advised: set[int] = set()  # pieces already asked for (see _prefetch)
         self._fetcher: _ParallelFetcher | None = None  # set up by the first prefetch on network/FUSE storage
         self._fds: dict[int, int] = {}  # part (-1: the LMDB file) -> descriptor for the parallel reads
         self._chunk_offsets: dict[int, int] = {}  # LMDB chunk -> its offset in the file
+        self._overflows_checked = 0
         try:
             if self.backend == "shards":
                 self._open_shards()
@@ -249,6 +313,7 @@ class PackReader:
                 raise PackFormatError(f"{self.path / name}: {size} bytes, the manifest says {part.get('size')}; "
                                       "the shard is truncated or changed, copy it again")
             sizes.append(size)
+        self._part_sizes = sizes
         check_entries_fit(self.entries, np.array(sizes, dtype=np.uint64), str(index_path))
 
     def _open_lmdb(self) -> None:
@@ -265,11 +330,26 @@ class PackReader:
         self.manifest = decode_manifest(bytes(raw), str(self.path))
         if self.manifest["backend"] != "lmdb":
             raise PackFormatError(f"{self.path}: manifest is for a {self.manifest['backend']} pack")
-        index = self._get(LMDB_INDEX_KEY, "the index")
+        self._page_size = int(self._env.stat()["psize"])
+        with open(self.path, "rb") as f:
+            self._maps[-1] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        index = self._value(LMDB_INDEX_KEY, "the index")
         if index is None:
             raise PackFormatError(f"{self.path}: no index; the pack is damaged")
         self.entries, self.paths = decode_index(index, str(self.path))
         self.part_names = []
+
+    def _value(self, key: bytes, what: str) -> memoryview | None:
+        """A value of the LMDB file as a view of the reader's own map (fetched ahead in one request
+        when it is large), or LMDB's when it lies inline in its leaf page (see :meth:`_overflow`)."""
+        located = self._overflow(key)
+        if located is None:
+            return self._get(key, what)
+        offset, size = located
+        view = memoryview(self._maps[-1])[offset : offset + size]
+        if size > PAGE:
+            _madvise_willneed(view)
+        return view
 
     def _get(self, key: bytes, what: str) -> memoryview | None:
         """A value of the LMDB file; a damaged B-tree page is our error, not LMDB's."""
@@ -324,7 +404,9 @@ class PackReader:
             path = self.path / self.part_names[part]
             with open(path, "rb") as f:
                 mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            header = np.frombuffer(mapped, SHARD_HEADER, 1)[0] if len(mapped) >= SHARD_HEADER.itemsize else None
+                # Read, not faulted in: a fault with a cold cache would read megabytes around it.
+                head = os.pread(f.fileno(), SHARD_HEADER.itemsize, 0)
+            header = np.frombuffer(head, SHARD_HEADER, 1)[0] if len(head) >= SHARD_HEADER.itemsize else None
             if header is None or bytes(header["magic"]) != SHARD_MAGIC or int(header["part"]) != part:
                 raise PackFormatError(f"{path}: not shard {part} of this pack; the pack is damaged")
             if int(header["version"]) != FORMAT_VERSION:
@@ -335,13 +417,63 @@ class PackReader:
         return mapped
 
     def _chunk(self, part: int) -> memoryview:
-        if self._chunk_cache is not None and self._chunk_cache[0] == part:
-            return self._chunk_cache[1]
-        value = self._get(lmdb_chunk_key(part), f"chunk {part}")
-        if value is None:
-            raise PackFormatError(f"{self.path}: chunk {part} is missing; the pack is damaged")
-        self._chunk_cache = (part, value)
+        """Chunk ``part`` of an LMDB pack, as a view of the reader's own map of the file.
+
+        py-lmdb reads a whole value when it hands it out (1 MiB, synchronously, with a cold cache),
+        so a chunk is located from its B-tree node instead (:meth:`_overflow`: only the node's leaf
+        page is read) and its bytes are left to the prefetch. The last few thousand are kept."""
+        value = self._chunks.get(part)
+        if value is not None:
+            return value
+        located = self._overflow(lmdb_chunk_key(part))
+        if located is not None:
+            offset, size = located
+            value = memoryview(self._maps[-1])[offset : offset + size]
+        else:  # stored inline in its leaf page, or a layout this reader does not know: ask LMDB
+            value = self._get(lmdb_chunk_key(part), f"chunk {part}")
+            if value is None:
+                raise PackFormatError(f"{self.path}: chunk {part} is missing; the pack is damaged")
+            offset = np.frombuffer(value, np.uint8).ctypes.data - self._env.info()["map_addr"]
+        if len(self._chunks) >= _CHUNKS_KEPT:
+            self._chunks.clear()
+        self._chunks[part] = value
+        self._chunk_offsets[part] = offset
         return value
+
+    def _overflow(self, name: bytes) -> tuple[int, int] | None:
+        """(file offset, size) of the value of key ``name`` when LMDB stores it on overflow pages, read
+        from its leaf node (LMDB 0.9's on-disk layout: the node header ``lo, hi, flags, ksize`` just
+        before the key, the first overflow page's number just after it, a 16-byte page header there,
+        checked); None when it is not there or does not check out."""
+        try:
+            cursor = self._txn.cursor()
+            if not cursor.set_key(name):
+                return None
+            key = cursor.key()
+        except lmdb.Error:
+            return None
+        at = np.frombuffer(key, np.uint8).ctypes.data
+        lo, hi, flags, key_size = (ctypes.c_uint16 * 4).from_address(at - 8)
+        if not flags & _F_BIGDATA or key_size != len(key):
+            return None
+        page = int.from_bytes(ctypes.string_at(at + key_size, 8), "little")
+        size = lo | hi << 16
+        start = page * self._page_size
+        if start + _PAGE_HEADER + size > len(self._maps[-1]):
+            return None
+        if self._overflows_checked < 2:  # the layout, checked on a reader's first chunks: a small
+            fd = self._fd(-1)  # read, not a fault (which would read around it)
+            header = os.pread(fd, _PAGE_HEADER, start)
+            if int.from_bytes(header[:8], "little") != page or not header[10] & _P_OVERFLOW:
+                return None
+            self._overflows_checked += 1
+        return start + _PAGE_HEADER, size
+
+    def _part_size(self, part: int) -> int:
+        """Bytes in shard or chunk ``part`` (a shard's from the manifest, checked at open: not mapped)."""
+        if self.backend == "shards":
+            return self._part_sizes[part]
+        return len(self._chunk(part))
 
     def part_view(self, part: int) -> memoryview:
         """The whole of shard or chunk ``part``, as a zero-copy view."""
@@ -379,18 +511,26 @@ class PackReader:
         positions = self.positions(indices)
         entries = self.entries[positions]
         if len(positions) > 1:
-            self._prefetch(entries)
-        views: dict[int, memoryview] = {}
-        out = []
-        for part, start, length in zip(entries["part"].tolist(), entries["payload_offset"].tolist(),
-                                       entries["payload_len"].tolist(), strict=True):
-            view = views.get(part)
-            if view is None:
-                view = views[part] = self.part_view(part)
-            if start + length > len(view):
-                raise PackFormatError(f"{self.where(int(positions[len(out)]))}: payload runs past the end of its "
-                                      "part; the pack is damaged")
-            out.append(view[start : start + length])
+            self._prefetch(positions, entries)
+        parts = entries["part"]
+        starts = entries["payload_offset"].astype(np.int64)
+        ends = starts + entries["payload_len"].astype(np.int64)
+        if len(parts) and (parts == parts[0]).all():  # the common case: one shard or chunk
+            view = self.part_view(int(parts[0]))
+            views = {int(parts[0]): view}
+            sizes = len(view)
+        else:
+            views = {part: self.part_view(part) for part in _distinct(parts).tolist()}
+            sizes = np.array([len(views[part]) for part in parts.tolist()], dtype=np.int64)
+        past = np.flatnonzero(ends > sizes)
+        if past.size:
+            raise PackFormatError(f"{self.where(int(positions[past[0]]))}: payload runs past the end of its "
+                                  "part; the pack is damaged")
+        if len(views) == 1:
+            out = [view[start:end] for start, end in zip(starts.tolist(), ends.tolist(), strict=True)]
+        else:
+            out = [views[part][start:end]
+                   for part, start, end in zip(parts.tolist(), starts.tolist(), ends.tolist(), strict=True)]
         if verify:
             for k, (view, crc) in enumerate(zip(out, entries["payload_crc32"].tolist(), strict=True)):
                 if zlib.crc32(view) != crc:
@@ -398,39 +538,68 @@ class PackReader:
                                         "damaged; re-copy the pack or re-pack the source")
         return out
 
-    def _prefetch(self, entries: np.ndarray) -> None:
-        """Fetch each run of the given records that lie close together in one part, widened to whole
-        128 KiB granules: ``MADV_WILLNEED`` on local disks, parallel positioned reads on network and
-        FUSE storage (:class:`_ParallelFetcher`). Every run is fetched, small ones too, so a batch's
-        requests overlap where page faults would wait one round trip each (README, "Slow storage")."""
-        entries = np.sort(entries, order=["part", "record_offset"])
-        parts = entries["part"].astype(np.int64)
-        starts = entries["record_offset"].astype(np.int64)
-        ends = (entries["payload_offset"] + entries["payload_len"]).astype(np.int64)
-        # A new run starts where the part changes or the gap to the previous record is large.
-        first = np.ones(len(entries), dtype=bool)
-        first[1:] = (parts[1:] != parts[:-1]) | (starts[1:] - ends[:-1] > _RUN_GAP)
-        run_starts = np.flatnonzero(first)
-        run_ends = np.append(run_starts[1:], len(entries)) - 1
+    def _prefetch(self, positions: np.ndarray, entries: np.ndarray) -> None:
+        """Fetch what the given records need that was not asked for yet: each record's 128 KiB
+        granules, cut at the edges of its group of ``_BLOCK_RECORDS`` consecutive records (a
+        ``PackSampler`` block, so a shuffled read does not fetch the neighbouring blocks' bytes
+        too), each run of them as one range: ``MADV_WILLNEED`` on local disks, parallel positioned
+        reads on network and FUSE storage (:class:`_ParallelFetcher`). Every run is fetched, small
+        ones too, so a batch's requests overlap where page faults would wait one round trip each
+        (README, "Slow storage"). A batch whose pieces were all asked for already (most batches of a
+        sampler window) costs a few numpy calls and one set difference."""
         if self._fetcher is None:
             self._fetcher = _ParallelFetcher() if _parallel_reads(self.path) else _ParallelFetcher(0)
-        ranges: list[tuple[int, int, int]] = []
+        parts = entries["part"].astype(np.int64)
+        starts = np.maximum(entries["record_offset"].astype(np.int64), 0)  # a damaged offset must not
+        ends = (entries["payload_offset"] + entries["payload_len"]).astype(np.int64)  # make a huge range
+        keep = ends > starts
+        if not keep.all():
+            positions, parts, starts, ends = positions[keep], parts[keep], starts[keep], ends[keep]
+        # The block's first and last record bound what is fetched (when they lie in the same part).
+        blocks = positions // _BLOCK_RECORDS
+        heads = self.entries[blocks * _BLOCK_RECORDS]
+        tails = self.entries[np.minimum((blocks + 1) * _BLOCK_RECORDS, self.records) - 1]
+        floor = np.where(heads["part"] == parts, heads["record_offset"].astype(np.int64), 0)
+        ceiling = np.where(tails["part"] == parts,
+                           (tails["payload_offset"] + tails["payload_len"]).astype(np.int64), _NO_LIMIT)
+        first_g, last_g = starts >> _GRANULE_SHIFT, (ends - 1) >> _GRANULE_SHIFT
+        span = last_g - first_g + 1
+        # A piece: granule g of block b in part p (key: b, p counted from the block's first part, g
+        # from the block's first granule in that part).
+        base = blocks << _BLOCK_SHIFT | np.clip(parts - heads["part"].astype(np.int64), 0, _PARTS_IN_BLOCK) << 25
+        first_key = base | ((first_g - (floor >> _GRANULE_SHIFT)) & _IN_BLOCK)
+        if (span <= 2).all():
+            keys = np.concatenate([first_key, first_key + (span - 1)])
+            rows = np.concatenate([np.arange(len(span)), np.arange(len(span))])
+        else:  # records over two granules: every granule in between too
+            rows = np.repeat(np.arange(len(span)), span)
+            keys = first_key[rows] + np.arange(span.sum()) - np.repeat(np.cumsum(span) - span, span)
+        fresh = set(keys.tolist()) - self._advised
+        if not fresh:
+            return  # asked for already: the kernel has it or is reading it
+        if len(self._advised) > _ADVISED_LIMIT:  # the cache may have dropped early ones: ask again later
+            self._advised.clear()
+        self._advised.update(fresh)
+        wanted = np.fromiter((key in fresh for key in keys.tolist()), bool, len(keys))
+        keys, rows = keys[wanted], rows[wanted]
+        granules = (keys & _IN_BLOCK) + (floor[rows] >> _GRANULE_SHIFT)
+        lo = np.maximum(granules << _GRANULE_SHIFT, floor[rows])
+        hi = np.minimum((granules + 1) << _GRANULE_SHIFT, ceiling[rows])
+        order = np.lexsort((lo, parts[rows]))
+        piece_parts, lo, hi = parts[rows][order], lo[order], hi[order]
+        # Pieces that touch (or overlap) the one before in the same part join its run.
+        new_run = np.ones(len(lo), dtype=bool)
+        new_run[1:] = (piece_parts[1:] != piece_parts[:-1]) | (lo[1:] > hi[:-1])  # pieces do not overlap
+        heads_at = np.flatnonzero(new_run)
+        stops = np.maximum.reduceat(hi, heads_at)
         if self._fetcher.threads and self.backend == "lmdb":
-            self._locate_chunks(np.unique(parts).tolist())
-        for lo, hi in zip(run_starts.tolist(), run_ends.tolist(), strict=True):
-            part, start, stop = int(parts[lo]), int(starts[lo]), int(ends[lo : hi + 1].max())
-            size = len(self.part_view(part))
-            stop = min(stop, size)  # a damaged length must not make a huge set below
-            if start < 0 or stop <= start:
+            self._locate_chunks(_distinct(piece_parts).tolist())
+        ranges: list[tuple[int, int, int]] = []
+        for part, start, stop in zip(piece_parts[heads_at].tolist(), lo[heads_at].tolist(), stops.tolist(),
+                                     strict=True):
+            stop = min(stop, self._part_size(part))
+            if stop <= start:
                 continue
-            first_g, last_g = start >> _GRANULE_SHIFT, (stop - 1) >> _GRANULE_SHIFT
-            start, stop = first_g << _GRANULE_SHIFT, min(size, (last_g + 1) << _GRANULE_SHIFT)
-            granules = {(part, g) for g in range(first_g, last_g + 1)}
-            if granules <= self._advised:
-                continue  # asked for already: the kernel has it or is reading it
-            if len(self._advised) > 1 << 17:
-                self._advised.clear()
-            self._advised |= granules
             if self._fetcher.threads:
                 ranges.append(self._file_range(part, start, stop))
             else:
@@ -438,48 +607,86 @@ class PackReader:
         if ranges:
             self._fetcher.fetch(ranges)
 
+    def advise(self, indices: Sequence[int] | np.ndarray) -> int:
+        """Ask the storage for the bytes of records that will be read soon, and return at once.
+
+        Each run of consecutive records in one part (a sampler block, or several) is announced as
+        one range, exactly, with ``posix_fadvise(POSIX_FADV_WILLNEED)``, so the kernel reads it in
+        large requests while the caller goes on (and reads nothing the records do not need). The
+        page cache is shared, so a hint given in the process that runs the sampler serves the
+        DataLoader workers too (``PackSampler(prefetch=...)`` does this). Returns the bytes asked for.
+
+        Nothing is announced on network and FUSE storage (where batches are fetched by parallel
+        reads, :class:`_ParallelFetcher`): there, reading a window ahead from more threads measured
+        slower (through ``benchmarks/slowfs.py`` the server's bandwidth is what runs out, and the
+        first batch waited behind the window)."""
+        if self.closed:
+            return 0
+        positions = self.positions(indices)
+        if not len(positions):
+            return 0
+        if self._fetcher is None:
+            self._fetcher = _ParallelFetcher() if _parallel_reads(self.path) else _ParallelFetcher(0)
+        if self._fetcher.threads:
+            return 0
+        entries = self.entries[positions]
+        parts = entries["part"].astype(np.int64)
+        starts = entries["record_offset"].astype(np.int64)
+        ends = (entries["payload_offset"] + entries["payload_len"]).astype(np.int64)
+        by_place = np.lexsort((starts, parts))
+        parts, starts, ends = parts[by_place], starts[by_place], ends[by_place]
+        first = np.ones(len(entries), dtype=bool)  # records that touch the one before join its run
+        first[1:] = (parts[1:] != parts[:-1]) | (starts[1:] > ends[:-1] + PAGE)  # records do not overlap
+        run_starts = np.flatnonzero(first)
+        run_stops = np.maximum.reduceat(ends, run_starts)
+        if self.backend == "lmdb":
+            self._locate_chunks(_distinct(parts).tolist())
+        ranges = []
+        for part, start, stop in zip(parts[run_starts].tolist(), starts[run_starts].tolist(), run_stops.tolist(),
+                                     strict=True):
+            if self.backend == "lmdb" and part not in self._chunk_offsets:
+                continue  # a missing chunk: the read that needs it reports it
+            start, stop = max(0, start), min(stop, self._part_size(part))
+            if stop > start:
+                ranges.append(self._file_range(part, start, stop))
+        for fd, offset, length in ranges:
+            os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+        return sum(length for _, _, length in ranges)
+
     def _file_range(self, part: int, start: int, stop: int) -> tuple[int, int, int]:
         """``(fd, file offset, length)`` of bytes ``start:stop`` of ``part``."""
         key = part if self.backend == "shards" else -1
-        fd = self._fds.get(key)
-        if fd is None:
-            fd = self._fds[key] = os.open(self.path / self.part_names[part] if key >= 0 else self.path, os.O_RDONLY)
+        fd = self._fd(key)
         if key >= 0:
             return fd, start, stop - start
         return fd, self._chunk_offsets[part] + start, stop - start
 
+    def _fd(self, key: int) -> int:
+        """A descriptor of shard ``key`` (-1: the LMDB file), for positioned reads and hints."""
+        fd = self._fds.get(key)
+        if fd is None:
+            fd = self._fds[key] = os.open(self.path / self.part_names[key] if key >= 0 else self.path, os.O_RDONLY)
+        return fd
+
     def _locate_chunks(self, parts: list[int]) -> None:
-        """File offsets of LMDB chunks not located yet, looked up from the fetcher's threads (each
-        lookup may wait on storage for a B-tree or overflow page), so the waits overlap."""
-        missing = [p for p in parts if p not in self._chunk_offsets]
-        if not missing:
-            return
-        env = self._env
-        base = env.info()["map_addr"]  # chunk views point into LMDB's map of the whole file
-
-        def locate(part: int) -> tuple[int, int | None]:
-            try:
-                with env.begin(buffers=True) as txn:
-                    value = txn.get(lmdb_chunk_key(part))
-                    return part, None if value is None else np.frombuffer(value, np.uint8).ctypes.data - base
-            except lmdb.Error:
-                return part, None  # the reader's own lookup reports it
-
-        assert self._fetcher is not None
-        for part, offset in self._fetcher.pool().map(locate, missing):
-            if offset is not None:
-                self._chunk_offsets[part] = offset
+        """File offsets of LMDB chunks not located yet (:meth:`_chunk`; reads only B-tree pages)."""
+        for part in parts:
+            if part not in self._chunk_offsets:
+                try:
+                    self._chunk(part)
+                except PackFormatError:
+                    pass  # the read that needs it reports it
 
     def index_bytes(self) -> bytes:
         """The index exactly as stored (for checksums)."""
         if self.backend == "shards":
             return bytes(self._index_map)
-        return bytes(self._get(LMDB_INDEX_KEY, "the index"))
+        return bytes(self._value(LMDB_INDEX_KEY, "the index"))
 
     def close(self) -> None:
         """Release the maps and the LMDB environment."""
         self.closed = True
-        self._chunk_cache = None
+        self._chunks = {}
         if getattr(self, "_fetcher", None) is not None:
             self._fetcher.close()
         for fd in getattr(self, "_fds", {}).values():

@@ -21,11 +21,13 @@ but does not promise it across releases, so give all ranks, and a resumed run, t
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+import os
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Union
 
 import numpy as np
+import numpy.random  # noqa: F401  (imported with the module, not on the first epoch's clock)
 import torch
 import torch.distributed as dist
 
@@ -35,6 +37,9 @@ ORDERS = ("block", "random", "sequential")
 UNEVEN_MODES = ("pad", "drop")
 STATE_VERSION = 1
 _YIELD_CHUNK = 8192  # indices converted to Python ints at a time (avoids a 10M-element Python list)
+_HINT_RECORDS = 2048  # records announced at a time by a prefetching sampler outside the "block" order
+_HINT_HEAD = 256  # records announced first, before the first window (a few batches' worth)
+Prefetch = Union[str, "os.PathLike[str]", Callable[[np.ndarray], Any], None]
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:
@@ -103,6 +108,12 @@ class PackSampler(torch.utils.data.Sampler[int]):
             else 0 and 1.
         uneven: make the global order divisible by world_size by "pad" (repeat records from the start of
             the order: every record seen at least once) or "drop" (drop the tail: at most once).
+        prefetch: the pack's path (or a callable taking an int64 array of record numbers): while it
+            hands out one window of records (``block_size * window_blocks``; 2048 records in the other
+            orders), the sampler announces the next window's records to the storage
+            (:meth:`loaders.read.PackReader.advise`: ``posix_fadvise(WILLNEED)`` on their contiguous
+            runs; nothing on network and FUSE storage), so a cold page cache is filled ahead of the
+            reads, for DataLoader workers too. It changes no order and is not part of the state.
 
     Each rank takes a contiguous slice of the global order, so its reads stay block-local, and every
     rank yields exactly ``len(self)`` samples.
@@ -120,6 +131,7 @@ class PackSampler(torch.utils.data.Sampler[int]):
         rank: int | None = None,
         world_size: int | None = None,
         uneven: str = "pad",
+        prefetch: Prefetch = None,
     ) -> None:
         super().__init__()
         if not isinstance(shuffle, bool):
@@ -135,6 +147,26 @@ class PackSampler(torch.utils.data.Sampler[int]):
         self._epoch = 0
         self._cursor = _Cursor(epoch=0, start=0, position=0)
         self._resume: _Cursor | None = None
+        self.prefetch = prefetch
+
+    @property
+    def prefetch(self) -> Callable[[np.ndarray], Any] | None:
+        """What announces upcoming records (see ``prefetch`` above), or None."""
+        return self._prefetch
+
+    @prefetch.setter
+    def prefetch(self, prefetch: Prefetch) -> None:
+        if prefetch is not None and not callable(prefetch):
+            if not isinstance(prefetch, (str, os.PathLike)):
+                raise TypeError(f"prefetch must be a pack's path or a callable, got {type(prefetch).__name__}")
+            from .read import PackHints  # the reader pulls in lmdb: only when asked for
+
+            prefetch = PackHints(prefetch)
+        self._prefetch = prefetch
+
+    def _hint_records(self) -> int:
+        """Records announced at a time: one window of the block order."""
+        return self.block_size * self.window_blocks if self.order == "block" else _HINT_RECORDS
 
     @staticmethod
     def _resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -218,7 +250,10 @@ class PackSampler(torch.utils.data.Sampler[int]):
         start = self._resume.start if self._resume is not None else 0
         self._resume = None
         self._cursor = _Cursor(epoch=self._epoch, start=start, position=start)
-        return self._walk(self.epoch_order()[start:], self._cursor)
+        order = self.epoch_order()[start:]
+        if self._prefetch is None:
+            return self._walk(order, self._cursor)
+        return self._walk_ahead(order, self._cursor, self._prefetch, self._hint_records())
 
     def begin_epoch(self) -> np.ndarray:
         """Start an iteration as ``__iter__`` does, but return this rank's remaining order for the
@@ -236,6 +271,34 @@ class PackSampler(torch.utils.data.Sampler[int]):
             for index in order[offset : offset + _YIELD_CHUNK].tolist():
                 cursor.position += 1
                 yield index
+
+    @staticmethod
+    def _walk_ahead(order: np.ndarray, cursor: _Cursor, prefetch: Callable[[np.ndarray], Any],
+                    step: int) -> Iterator[int]:
+        """:meth:`_walk`, announcing the records one window (``step`` records) ahead of those handed
+        out. At the start nothing is ahead yet: the first few batches' records go first (so the
+        first batch waits for its own reads, not for a whole window's), then the first window, and
+        the second once a quarter of the first is handed out; from then on, the next window as each
+        window begins."""
+        head = min(order.size, _HINT_HEAD, step)
+        prefetch(order[:head])
+        prefetch(order[head:step])
+        hinted = min(order.size, step)
+        for offset in range(0, order.size, step):
+            if offset and hinted < order.size:
+                prefetch(order[hinted : hinted + step])
+                hinted += step
+            chunk = order[offset : offset + step].tolist()
+            early = step // 4 if offset == 0 and hinted < order.size else len(chunk)
+            for index in chunk[:early]:
+                cursor.position += 1
+                yield index
+            if early < len(chunk):
+                prefetch(order[hinted : hinted + step])
+                hinted += step
+                for index in chunk[early:]:
+                    cursor.position += 1
+                    yield index
 
     # -- resume ----------------------------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -332,3 +333,112 @@ def test_shuffle_quality_degenerate_and_invalid() -> None:
         shuffle_quality(np.array([0.5]), labels, 2)
     with pytest.raises(ValueError, match="batch_size must be >= 1"):
         shuffle_quality(np.arange(5), labels, 0)
+
+
+# -- prefetch: announcing upcoming records ----------------------------------------------------------------
+
+
+class Recorder:
+    """A prefetch callable that keeps what it was told (copies: the sampler may reuse its arrays)."""
+
+    def __init__(self) -> None:
+        self.calls: list[np.ndarray] = []
+
+    def __call__(self, indices: np.ndarray) -> None:
+        self.calls.append(np.array(indices))
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_prefetch_announces_every_record_one_window_ahead(order: str) -> None:
+    n, block, window = 1000, 8, 4
+    hints = Recorder()
+    sampler = PackSampler(n, seed=3, order=order, block_size=block, window_blocks=window, prefetch=hints)
+    plain = PackSampler(n, seed=3, order=order, block_size=block, window_blocks=window)
+    step = block * window if order == "block" else 2048
+    seen: list[int] = []
+    announced_before: list[int] = []
+    for index in sampler:
+        seen.append(index)
+        announced_before.append(sum(len(c) for c in hints.calls))
+    assert seen == plain.epoch_order().tolist()  # the order is untouched
+    assert np.array_equal(np.concatenate(hints.calls), sampler.epoch_order())  # each record once, in order
+    # when record k is handed out, everything up to the end of the window after k's is announced
+    # (at the very start only the first window, and the first few batches before it)
+    assert len(hints.calls[0]) == min(256, step)
+    for k, announced in enumerate(announced_before):
+        assert announced >= min(n, (k // step + (1 if k < step // 4 else 2)) * step)
+    assert sampler.options == plain.options and "prefetch" not in sampler.state_dict()["options"]
+
+
+def test_prefetch_resume_and_ranks_announce_what_they_read() -> None:
+    hints = Recorder()
+    sampler = PackSampler(500, seed=1, block_size=4, window_blocks=4, rank=1, world_size=2, prefetch=hints)
+    sampler.load_state_dict(PackSampler(500, seed=1, block_size=4, window_blocks=4, rank=1,
+                                        world_size=2).state_dict(consumed=37))
+    rest = list(sampler)
+    assert rest == sampler.epoch_order()[37:].tolist()
+    assert np.array_equal(np.concatenate(hints.calls), np.array(rest))
+
+
+def test_prefetch_option_checked_and_pickles() -> None:
+    import pickle
+
+    from loaders.read import PackHints
+
+    with pytest.raises(TypeError, match="prefetch must be a pack's path or a callable"):
+        PackSampler(10, prefetch=3)
+    sampler = PackSampler(10, prefetch="some/pack.lmdb")
+    assert isinstance(sampler.prefetch, PackHints) and str(sampler.prefetch.path) == "some/pack.lmdb"
+    copy = pickle.loads(pickle.dumps(sampler))
+    assert isinstance(copy.prefetch, PackHints) and list(copy) == list(PackSampler(10))
+    assert sampler.prefetch(np.arange(3)) == 0 and sampler.prefetch.error is not None  # a hint never raises
+
+
+@pytest.fixture(scope="module")
+def small_packs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """300 small images packed once per backend (shards of 64 KiB: a batch spans several)."""
+    from packer import EncodeOptions, pack
+    from tests.image_factory import make_image_folder
+
+    root = tmp_path_factory.mktemp("prefetch")
+    make_image_folder(root / "src", classes=("a", "b", "c"), per_class=100, seed=4)
+    out = {}
+    for backend, suffix in (("lmdb", ".lmdb"), ("shards", ".shards")):
+        out[backend] = root / f"pack{suffix}"
+        pack(root / "src", out[backend], options=EncodeOptions(), workers=1, progress=False, shard_size=64 << 10)
+    return out
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "shards"])
+def test_prefetching_sampler_reads_the_same_bytes(small_packs: dict[str, Path], backend: str) -> None:
+    from torch.utils.data import DataLoader
+
+    from loaders import PackedImageFolder
+    from loaders.collate import collate_as_list
+    from loaders.read import PackReader
+
+    path = small_packs[backend]
+    ds = PackedImageFolder(path, output="bytes")
+    sampler = ds.sampler(shuffle=True, seed=2, block_size=8, window_blocks=2, prefetch=path)
+    got = [item for batch in DataLoader(ds, batch_size=16, sampler=sampler, collate_fn=collate_as_list)
+           for item in batch]
+    with PackReader(path) as reader:
+        order = PackSampler(len(ds), seed=2, block_size=8, window_blocks=2).epoch_order()
+        assert [data for data, _ in got] == [bytes(reader.payload(i)) for i in order.tolist()]
+        assert reader.advise(order[:50]) >= sum(len(reader.payload(i)) for i in order[:50].tolist())
+        assert reader.advise([]) == 0
+    assert sampler.prefetch.error is None
+    sampler.prefetch.close()
+
+
+def test_lmdb_chunks_located_from_their_nodes(small_packs: dict[str, Path]) -> None:
+    """The LMDB reader takes chunks from its own map at offsets read from the B-tree nodes; they must
+    be byte for byte what LMDB itself returns."""
+    from loaders.read import PackReader
+    from packer.format import lmdb_chunk_key
+
+    with PackReader(small_packs["lmdb"]) as reader:
+        parts = int(reader.entries["part"].max()) + 1
+        for part in range(parts):
+            assert bytes(reader.part_view(part)) == bytes(reader._txn.get(lmdb_chunk_key(part)))
+        assert reader._overflows_checked >= 1  # at least one chunk on overflow pages, checked

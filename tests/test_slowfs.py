@@ -148,6 +148,29 @@ def test_reader_issues_few_large_requests(packs: Path, tmp_path: Path, name: str
         assert d.max_reads_in_flight >= 4, d  # on FUSE the reader keeps several requests in flight
 
 
+@needs_fuse
+def test_prefetching_sampler_announces_nothing_on_fuse(packs: Path, tmp_path: Path) -> None:
+    """On FUSE the per-batch parallel reads already keep requests in flight; the sampler's window-ahead
+    hints (measured slower there) ask for nothing, and the bytes read are the same."""
+    from loaders.read import PackReader
+
+    mnt = tmp_path / "mnt"
+    with _mounted(packs, mnt, latency_ms=2) as fs:
+        _evict(mnt / "p.shards")
+        with PackReader(mnt / "p.shards") as reader:
+            before = fs.stats()
+            assert reader.advise(np.arange(2000)) == 0
+            assert fs.stats().minus(before).reads == 0
+        ds = PackedImageFolder(mnt / "p.shards", output="bytes")
+        sampler = ds.sampler(seed=0, prefetch=mnt / "p.shards")
+        order = list(sampler)
+        first = ds.__getitems__(order[:64])
+        assert [data for data, _ in first] == [(packs / "images" / ds.path(i)).read_bytes() for i in order[:64]]
+        assert sampler.prefetch.error is None
+        sampler.prefetch.close()
+        ds.close()
+
+
 def test_run_storage_option_parses_and_rejects() -> None:
     import argparse
 
