@@ -45,6 +45,7 @@ from packer.format import (
 )
 
 PAGE = mmap.PAGESIZE
+_PREFETCH_RECORD_LIMIT = 1 << 30  # a longer record is not prefetched (a damaged index entry, surely)
 _GRANULE_SHIFT = 17  # prefetch in whole 128 KiB granules: a FUSE request's and the default readahead's size
 _ADVISED_LIMIT = 1 << 17  # pieces (up to 16 GiB) asked for before the reader forgets which, and asks again
 _CHUNKS_KEPT = 4096  # LMDB chunk views a reader keeps (about 4 GiB of a pack's map; the views are small)
@@ -552,8 +553,8 @@ class PackReader:
         parts = entries["part"].astype(np.int64)
         starts = np.maximum(entries["record_offset"].astype(np.int64), 0)  # a damaged offset must not
         ends = (entries["payload_offset"] + entries["payload_len"]).astype(np.int64)  # make a huge range
-        keep = ends > starts
-        if not keep.all():
+        keep = (ends > starts) & (ends - starts <= _PREFETCH_RECORD_LIMIT)  # a damaged length is left to
+        if not keep.all():  # the read, which reports it: prefetching it would allocate absurd arrays
             positions, parts, starts, ends = positions[keep], parts[keep], starts[keep], ends[keep]
         # The block's first and last record bound what is fetched (when they lie in the same part).
         blocks = positions // _BLOCK_RECORDS

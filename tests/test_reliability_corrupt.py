@@ -95,3 +95,18 @@ def test_verify_does_not_size_arrays_by_a_damaged_part_number(packs: dict[str, P
     rewrite(pack, index=index_with(pack, part=(0, 2**29)), fix_sha=False)
     with address_space_cap(1 << 30), pytest.raises(PackFormatError, match="chunk 536870912 is missing"):
         verify(pack, progress=False)
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "shards"])
+def test_reader_does_not_prefetch_a_damaged_length(packs: dict[str, Path], tmp_path: Path, backend: str) -> None:
+    """Found by the full run: a flipped high bit in an entry's payload length made the batch
+    prefetch size its arrays by it (terabytes), before the read could report the damage."""
+    from loaders import PackedImageFolder
+    from packer.errors import PackloadError
+    from tests.reliability_tools import address_space_cap, copy_pack, index_with, rewrite
+
+    pack = copy_pack(packs[backend], tmp_path / f"length.{backend}")
+    rewrite(pack, index=index_with(pack, payload_len=(3, 2**40 + 5)), fix_sha=False)
+    with address_space_cap(1 << 30), pytest.raises(PackloadError, match="record 3"):
+        ds = PackedImageFolder(pack, output="numpy")  # shards: refused here (part sizes are known)
+        ds.__getitems__(list(range(8)))  # lmdb: chunk sizes are known only when read
