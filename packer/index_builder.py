@@ -122,7 +122,7 @@ class IndexBuilder:
     @staticmethod
     def has_long_path(items: list[Encoded]) -> bool:
         """True if a path of ``items`` may be too long for the format (over 65535 bytes as UTF-8):
-        those go through ``add_record`` one at a time, which refuses the first such record."""
+        such a run goes through ``add_record`` one record at a time, which refuses the first one."""
         return any(len(item.path) > 0x3FFF for item in items)  # at most 4 bytes a character
 
     def labels(self) -> np.ndarray:

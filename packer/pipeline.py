@@ -350,7 +350,8 @@ def _write_all(scan: ScanResult, writer: ShardsWriter | LmdbWriter, start: int, 
     pos = start
     try:
         for items in _encoded_chunks(scan.root, scan.samples, start, options, workers):
-            if not checkpoint_every and not any(type(item) is Skipped for item in items):
+            if (not checkpoint_every and not any(type(item) is Skipped for item in items)
+                    and not writer.index.has_long_path(items)):
                 writer.write_many(items)  # the common case: every file of the run packed
                 written_bytes += sum(item.source_bytes for item in items)
             else:

@@ -172,11 +172,8 @@ class LmdbWriter:
         self._chunk_len += size
 
     def write_many(self, items: list[Encoded]) -> None:
-        """``write`` each of ``items`` in order (the same records and chunks), with less work per record."""
-        if self.index.has_long_path(items):
-            for item in items:
-                self.write(item)
-            return
+        """``write`` each of ``items`` in order (the same records and chunks), with less work per record;
+        the caller sends records with possibly over-long paths through ``write`` (``has_long_path``)."""
         first = 0
         while first < len(items):
             pieces, stop, self._chunk_len = self.index.add_many(items, first, self.chunks, self._chunk_len,

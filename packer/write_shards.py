@@ -107,11 +107,8 @@ class ShardsWriter:
         self._part_records += 1
 
     def write_many(self, items: list[Encoded]) -> None:
-        """``write`` each of ``items`` in order (the same records and shards), with less work per record."""
-        if self.index.has_long_path(items):
-            for item in items:
-                self.write(item)
-            return
+        """``write`` each of ``items`` in order (the same records and shards), with less work per record;
+        the caller sends records with possibly over-long paths through ``write`` (``has_long_path``)."""
         first = 0
         while first < len(items):
             if self._file is None:

@@ -98,10 +98,14 @@ def pack_small(source: Path, dst: Path, **kwargs: Any) -> dict[str, Any]:
 
 def both_backends(root: Path, per_class: int) -> dict[str, Path]:
     """A generated source under ``root`` packed into a small LMDB pack and a small shards pack."""
-    source = make_source(root / "src", per_class=per_class)
+    return pack_both(make_source(root / "src", per_class=per_class), root)
+
+
+def pack_both(source: Path, root: Path, stem: str = "p") -> dict[str, Path]:
+    """``source`` packed small into ``root/STEM.lmdb`` and ``root/STEM.shards``."""
     out = {}
     for backend in ("lmdb", "shards"):
-        out[backend] = root / f"p.{backend}"
+        out[backend] = root / f"{stem}.{backend}"
         pack_small(source, out[backend])
     return out
 

@@ -21,6 +21,7 @@ from tests.reliability_tools import (
     jpeg_bytes,
     lmdb_map_growth_check,
     make_source,
+    pack_both,
     pack_small,
     records_of,
     write_limit_check,
@@ -34,12 +35,7 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def packs(source: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("packs")
-    out = {}
-    for backend in ("lmdb", "shards"):
-        out[backend] = root / f"p.{backend}"
-        pack_small(source, out[backend])
-    return out
+    return pack_both(source, tmp_path_factory.mktemp("packs"))
 
 
 def test_hostile_packs_are_refused(packs: dict[str, Path], tmp_path: Path) -> None:

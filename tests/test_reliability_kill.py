@@ -13,7 +13,7 @@ from tests.reliability_tools import (
     kill_and_resume,
     kill_points,
     make_source,
-    pack_small,
+    pack_both,
     worker_kill_resume,
 )
 
@@ -25,11 +25,7 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def reference(source: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    out = {}
-    for backend in ("lmdb", "shards"):
-        out[backend] = tmp_path_factory.mktemp("ref") / f"ref.{backend}"
-        pack_small(source, out[backend])
-    return out
+    return pack_both(source, tmp_path_factory.mktemp("ref"), stem="ref")
 
 
 def test_kill_points_cover_the_run_and_every_phase() -> None:
