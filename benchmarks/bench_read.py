@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import io
 import json
 import multiprocessing
@@ -202,10 +203,10 @@ def contenders(p: Prepared, mode: str) -> list[Contender]:
 
     def packload(label: str, path: Path, decode_size: tuple[int, int] | None = None, note: str = "",
                  bounded: bool = True, whole_batches: bool = False,
-                 loader: Callable[..., Any] | None = None, prefetch: bool = False) -> None:
+                 loader: Callable[..., Any] | None = None, prefetch: bool = True) -> None:
         def build() -> tuple[Dataset, Sampler | None]:
             ds = PackedImageFolder(path, transform=transform, output=output, decode_size=decode_size)
-            return ds, ds.sampler(shuffle=True, seed=0, **({"prefetch": path} if prefetch else {}))
+            return ds, ds.sampler(shuffle=True, seed=0, prefetch=prefetch)
 
         rows.append(Contender(label, "packload", build, collate, [path], release=_close_reader,
                               note=note or "ds.sampler(shuffle=True, seed=0)", bounded=bounded,
@@ -215,10 +216,10 @@ def contenders(p: Prepared, mode: str) -> list[Contender]:
     packload("packload shards", p.packs["shards"])
     threads_note = "PackLoader: whole batches built in threads of the training process, no DataLoader"
     if mode == "bytes":
-        prefetch_note = ("ds.sampler(shuffle=True, seed=0, prefetch=PATH): the sampler announces the next window's "
-                         "records (posix_fadvise WILLNEED; parallel reads on FUSE/network storage)")
-        packload("packload lmdb, sampler prefetch", p.packs["lmdb"], prefetch=True, note=prefetch_note)
-        packload("packload shards, sampler prefetch", p.packs["shards"], prefetch=True, note=prefetch_note)
+        prefetch_note = ("ds.sampler(shuffle=True, seed=0, prefetch=False): the sampler does not announce the next "
+                         "window's records (the default does: posix_fadvise WILLNEED; nothing on FUSE/network storage)")
+        packload("packload lmdb, no sampler prefetch", p.packs["lmdb"], prefetch=False, note=prefetch_note)
+        packload("packload shards, no sampler prefetch", p.packs["shards"], prefetch=False, note=prefetch_note)
         packload("packload shards, PackLoader (encoded)", p.packs["shards"], loader=_threads(encoded=True),
                  note=threads_note + "; (data, offsets, labels) batches")
     elif mode == "decoded":
@@ -322,6 +323,11 @@ def in_child(fn: Callable[[], dict[str, Any]], timeout: float = CHILD_TIMEOUT) -
     Every run gets a fresh process, so nothing one contender leaves behind (an open memory map,
     a cache, a thread) can warm or slow the next run; the parent never reads the data itself.
     """
+    # The objects alive now (torch and every library imported) move to the collector's permanent
+    # generation, so a full collection in the child does not scan them: after importing torch one
+    # takes ~80 ms here, and it landed at random inside some contenders' 100-200 ms runs and not
+    # others' (a contender that allocated a few more objects paid it). Same for every contender.
+    gc.freeze()
     ctx = multiprocessing.get_context("fork")
     recv, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(fn, send))  # not a daemon: DataLoader workers are its children

@@ -26,8 +26,8 @@ from .batch_fill import RawGather, Replace, fill_decoded
 from .collate import collate_encoded, collate_uint8
 from .crop import CenterCrop
 from .decode import DECODE_ERRORS, decode_array, decode_failure, decode_pil, to_output
-from .read import PackReader
-from .sampler import PackSampler
+from .read import PackHints, PackReader
+from .sampler import PackSampler, Prefetch
 
 OUTPUTS = ("pil", "numpy", "tensor", "bytes")
 ON_ERROR = ("raise", "skip")
@@ -91,17 +91,19 @@ class PackedImageFolder(Dataset):
     def __getitems__(self, indices: list[int]) -> list[tuple[Any, Any]]:
         """A whole batch: the reader fetches contiguous records in large requests, then decodes."""
         reader = self.reader()
-        positions = reader.positions(indices).tolist()
+        positions = reader.positions(indices)
+        plain_bytes = self.output == "bytes" and self.transform is None and self.target_transform is None
         try:
-            views = reader.payloads(positions, verify=self.verify)
+            if plain_bytes:  # copied straight from the map, no view per record
+                payloads = reader.payload_bytes(positions, verify=self.verify)
+                targets = self.targets
+                return [(payload, targets[i]) for i, payload in zip(positions.tolist(), payloads, strict=True)]
+            views: list[Any] = reader.payloads(positions, verify=self.verify)
         except ChecksumError:
             if self.on_error == "raise":
                 raise
             views = [None] * len(positions)  # fall back to one record at a time below
-        if self.output == "bytes" and self.transform is None and self.target_transform is None:
-            if None not in views:
-                return [(bytes(view), self.targets[i]) for i, view in zip(positions, views, strict=True)]
-        return [self._sample(reader, i, view) for i, view in zip(positions, views, strict=True)]
+        return [self._sample(reader, i, view) for i, view in zip(positions.tolist(), views, strict=True)]
 
     def get_batch(self, indices: Sequence[int], channels_last: bool = False, *, crop: CenterCrop | None = None,
                   pin_memory: bool = False, fast_idct: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -265,10 +267,20 @@ class PackedImageFolder(Dataset):
         """The original relative path of record ``index``."""
         return self.reader().path_of(index)
 
-    def sampler(self, shuffle: bool = True, seed: int = 0, **options: Any) -> PackSampler:
+    def sampler(self, shuffle: bool = True, seed: int = 0, *, prefetch: Prefetch | bool = True,
+                **options: Any) -> PackSampler:
         """A ``PackSampler`` for this pack: block-shuffled (reads stay sequential), split over
-        DDP ranks with equal counts, resumable. ``options`` go to ``PackSampler``."""
-        return PackSampler(len(self), shuffle=shuffle, seed=seed, **options)
+        DDP ranks with equal counts, resumable. ``options`` go to ``PackSampler``.
+
+        ``prefetch=True`` (the default): while the sampler hands out one window of records it
+        announces the next window's to the storage, through this process's reader of the pack, so
+        with a cold page cache the disk works a window ahead of the reads (DataLoader workers share
+        the page cache). ``False`` announces nothing; a path or callable is passed on as it is."""
+        if prefetch is True:
+            prefetch = PackHints(self.root, opener=self.reader)
+        elif prefetch is False:
+            prefetch = None
+        return PackSampler(len(self), shuffle=shuffle, seed=seed, prefetch=prefetch, **options)
 
     # -- reading ---------------------------------------------------------------------------
     def reader(self) -> PackReader:

@@ -127,8 +127,11 @@ class PackLoader:
 
     def _batches(self, order: np.ndarray, starts: range) -> Iterator[tuple[torch.Tensor, ...]]:
         spares = _Spares() if self.crop is not None and not self.pin_memory and _Spares.supported else None
+        ahead = self.sampler.lookahead(order)  # announces the order a window ahead (the sampler's prefetch)
         if self.threads == 0:
             for start in starts:
+                if ahead is not None:
+                    ahead.reach(start)
                 indices = order[start : start + self.batch_size]
                 batch = self._build(indices, spares.take(len(indices)) if spares else None)
                 self._consumed += len(batch[-1])
@@ -141,6 +144,8 @@ class PackLoader:
         upcoming = iter(starts)
 
         def submit(start: int) -> None:
+            if ahead is not None:
+                ahead.reach(start)
             indices = order[start : start + self.batch_size]
             pending.append(pool.submit(self._build, indices, spares.take(len(indices)) if spares else None))
 

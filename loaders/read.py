@@ -3,7 +3,7 @@
 ``PackReader`` maps the pack's files read-only and returns ``memoryview`` slices of them, so N
 DataLoader workers share the page cache and no worker copies the pack into its own memory.
 Batched reads (``payloads``) hint the kernel to fetch each contiguous run of records in one large
-request (``MADV_WILLNEED``), which is what keeps cold-cache and network-disk reads fast.
+request (``POSIX_FADV_WILLNEED``), which is what keeps cold-cache and network-disk reads fast.
 
 A reader holds OS resources; open one per process (``loaders.PackedImageFolder`` does this
 lazily, after DataLoader workers fork or spawn).
@@ -17,7 +17,7 @@ import hashlib
 import mmap
 import os
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -75,10 +75,18 @@ def _distinct(values: np.ndarray) -> np.ndarray:
     return values[np.concatenate([[True], values[1:] != values[:-1]])] if len(values) else values
 
 
+def _distinct_first(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct values, sorted, and where each first occurs in ``values``."""
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+    first = np.concatenate([[True], ordered[1:] != ordered[:-1]]) if len(values) else np.zeros(0, bool)
+    return ordered[first], order[first]
+
+
 class _ParallelFetcher:
     """Fill the page cache for byte ranges of files with many positioned reads in flight at once.
 
-    On network and FUSE filesystems ``MADV_WILLNEED`` and readahead keep only one or two requests
+    On network and FUSE filesystems ``WILLNEED`` hints and readahead keep only one or two requests
     in flight, so a batch's runs arrive one round trip after another; reading them in 128 KiB pieces
     from a few threads overlaps the round trips. The bytes read are dropped: the memory maps then
     find the pages cached. Threads are started lazily, again in a forked child."""
@@ -136,8 +144,11 @@ class PackHints:
 
     (Queueing from a helper thread instead was measured slower with a cold cache on two cores.)"""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], opener: Callable[[], PackReader] | None = None) -> None:
+        """``opener``: returns this process's reader of the pack, to share it (``PackedImageFolder.sampler``
+        passes the dataset's); without one, the hints open a reader of their own."""
         self.path = Path(path)
+        self._opener = opener
         self._reader: PackReader | None = None
         self._parallel: bool | None = None
         self.error: Exception | None = None
@@ -148,6 +159,8 @@ class PackHints:
                 self._parallel = _parallel_reads(self.path)
             if self._parallel:
                 return 0
+            if self._opener is not None:
+                return self._opener().advise(indices)
             if self._reader is None or self._reader.closed or self._reader.pid != os.getpid():
                 self._reader = PackReader(self.path)
             return self._reader.advise(indices)
@@ -167,7 +180,7 @@ class PackHints:
             pass
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "_reader": None, "_parallel": None, "error": None}
+        return {"path": self.path, "_opener": None, "_reader": None, "_parallel": None, "error": None}
 
     def __repr__(self) -> str:
         return f"PackHints({str(self.path)!r})"
@@ -509,65 +522,99 @@ class PackReader:
     def payloads(self, indices: Sequence[int], verify: bool = False) -> list[memoryview]:
         """Payloads of several records as zero-copy views, prefetching each contiguous run of them
         in one request. Looks the whole batch up in the index at once (no per-record numpy calls)."""
-        positions = self.positions(indices)
-        entries = self.entries[positions]
-        if len(positions) > 1:
-            self._prefetch(positions, entries)
-        parts = entries["part"]
-        starts = entries["payload_offset"].astype(np.int64)
-        ends = starts + entries["payload_len"].astype(np.int64)
+        positions, parts, starts, ends = self._spans(indices)
         if len(parts) and (parts == parts[0]).all():  # the common case: one shard or chunk
             view = self.part_view(int(parts[0]))
-            views = {int(parts[0]): view}
-            sizes = len(view)
+            out = [view[start:end] for start, end in zip(starts.tolist(), ends.tolist(), strict=True)]
         else:
             views = {part: self.part_view(part) for part in _distinct(parts).tolist()}
-            sizes = np.array([len(views[part]) for part in parts.tolist()], dtype=np.int64)
+            out = [views[part][start:end]
+                   for part, start, end in zip(parts.tolist(), starts.tolist(), ends.tolist(), strict=True)]
+        if verify:
+            self._verify(positions, out)
+        return out
+
+    def payload_bytes(self, indices: Sequence[int], verify: bool = False) -> list[bytes]:
+        """Payloads of several records as ``bytes`` (one copy each, straight from the map: cheaper
+        than a view and then ``bytes(view)``), prefetched as :meth:`payloads` does."""
+        positions, parts, starts, ends = self._spans(indices)
+        if self.backend == "lmdb":  # chunk offsets within the file, for slicing the reader's map of it
+            for part in _distinct(parts).tolist():
+                self._chunk(part)
+            base = np.array([self._chunk_offsets[part] for part in parts.tolist()], dtype=np.int64)
+            starts, ends = starts + base, ends + base
+        if self.backend == "lmdb" or (len(parts) and (parts == parts[0]).all()):
+            mapped = self._maps[-1] if self.backend == "lmdb" else self._shard(int(parts[0]))
+            out = [mapped[start:end] for start, end in zip(starts.tolist(), ends.tolist(), strict=True)]
+        else:
+            maps = {part: self._shard(part) for part in _distinct(parts).tolist()}
+            out = [maps[part][start:end]
+                   for part, start, end in zip(parts.tolist(), starts.tolist(), ends.tolist(), strict=True)]
+        if verify:
+            self._verify(positions, out)
+        return out
+
+    def _spans(self, indices: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(record numbers, parts, payload starts, payload ends) of ``indices``, checked against the
+        parts' sizes, after prefetching them. Reads single index fields (gathering whole 64-byte
+        entries costs ~10× more)."""
+        positions = self.positions(indices)
+        entries = self.entries
+        parts = entries["part"][positions].astype(np.int64)
+        starts = entries["payload_offset"][positions].astype(np.int64)
+        ends = starts + entries["payload_len"][positions].astype(np.int64)
+        if len(positions) > 1:
+            self._prefetch(positions, parts, ends)
+        if len(parts) and (parts == parts[0]).all():
+            sizes: int | np.ndarray = self._part_size(int(parts[0]))
+        else:
+            known = {part: self._part_size(part) for part in _distinct(parts).tolist()}
+            sizes = np.array([known[part] for part in parts.tolist()], dtype=np.int64)
         past = np.flatnonzero(ends > sizes)
         if past.size:
             raise PackFormatError(f"{self.where(int(positions[past[0]]))}: payload runs past the end of its "
                                   "part; the pack is damaged")
-        if len(views) == 1:
-            out = [view[start:end] for start, end in zip(starts.tolist(), ends.tolist(), strict=True)]
-        else:
-            out = [views[part][start:end]
-                   for part, start, end in zip(parts.tolist(), starts.tolist(), ends.tolist(), strict=True)]
-        if verify:
-            for k, (view, crc) in enumerate(zip(out, entries["payload_crc32"].tolist(), strict=True)):
-                if zlib.crc32(view) != crc:
-                    raise ChecksumError(f"{self.where(int(positions[k]))}: checksum mismatch, the stored bytes are "
-                                        "damaged; re-copy the pack or re-pack the source")
-        return out
+        return positions, parts, starts, ends
 
-    def _prefetch(self, positions: np.ndarray, entries: np.ndarray) -> None:
+    def _verify(self, positions: np.ndarray, payloads: Sequence[bytes | memoryview]) -> None:
+        """Raise ChecksumError naming the first payload whose CRC-32 is not the index's."""
+        crcs = self.entries["payload_crc32"][positions].tolist()
+        for k, (payload, crc) in enumerate(zip(payloads, crcs, strict=True)):
+            if zlib.crc32(payload) != crc:
+                raise ChecksumError(f"{self.where(int(positions[k]))}: checksum mismatch, the stored bytes are "
+                                    "damaged; re-copy the pack or re-pack the source")
+
+    def _prefetch(self, positions: np.ndarray, parts: np.ndarray, ends: np.ndarray) -> None:
         """Fetch what the given records need that was not asked for yet: each record's 128 KiB
         granules, cut at the edges of its group of ``_BLOCK_RECORDS`` consecutive records (a
         ``PackSampler`` block, so a shuffled read does not fetch the neighbouring blocks' bytes
-        too), each run of them as one range: ``MADV_WILLNEED`` on local disks, parallel positioned
-        reads on network and FUSE storage (:class:`_ParallelFetcher`). Every run is fetched, small
-        ones too, so a batch's requests overlap where page faults would wait one round trip each
-        (README, "Slow storage"). A batch whose pieces were all asked for already (most batches of a
-        sampler window) costs a few numpy calls and one set difference."""
+        too), each run of them as one range: ``POSIX_FADV_WILLNEED`` on local disks, parallel
+        positioned reads on network and FUSE storage (:class:`_ParallelFetcher`). Every run is
+        fetched, small ones too, so a batch's requests overlap where page faults would wait one
+        round trip each (README, "Slow storage"). A batch whose pieces were all asked for already
+        (most batches of a sampler window) costs a few numpy calls and one set difference.
+        ``parts`` and ``ends`` (where each payload ends) are the caller's, as int64."""
         if self._fetcher is None:
             self._fetcher = _ParallelFetcher() if _parallel_reads(self.path) else _ParallelFetcher(0)
-        parts = entries["part"].astype(np.int64)
-        starts = np.maximum(entries["record_offset"].astype(np.int64), 0)  # a damaged offset must not
-        ends = (entries["payload_offset"] + entries["payload_len"]).astype(np.int64)  # make a huge range
-        keep = (ends > starts) & (ends - starts <= _PREFETCH_RECORD_LIMIT)  # a damaged length is left to
-        if not keep.all():  # the read, which reports it: prefetching it would allocate absurd arrays
+        entries = self.entries
+        starts = np.maximum(entries["record_offset"][positions].astype(np.int64), 0)  # a damaged offset must not
+        keep = (ends > starts) & (ends - starts <= _PREFETCH_RECORD_LIMIT)  # make a huge range, nor a damaged
+        if not keep.all():  # length (the read reports it): prefetching it would allocate absurd arrays
             positions, parts, starts, ends = positions[keep], parts[keep], starts[keep], ends[keep]
         # The block's first and last record bound what is fetched (when they lie in the same part).
         blocks = positions // _BLOCK_RECORDS
-        heads = self.entries[blocks * _BLOCK_RECORDS]
-        tails = self.entries[np.minimum((blocks + 1) * _BLOCK_RECORDS, self.records) - 1]
-        floor = np.where(heads["part"] == parts, heads["record_offset"].astype(np.int64), 0)
-        ceiling = np.where(tails["part"] == parts,
-                           (tails["payload_offset"] + tails["payload_len"]).astype(np.int64), _NO_LIMIT)
+        heads = blocks * _BLOCK_RECORDS
+        tails = np.minimum(heads + _BLOCK_RECORDS, self.records) - 1
+        head_parts = entries["part"][heads].astype(np.int64)
+        floor = np.where(head_parts == parts, entries["record_offset"][heads].astype(np.int64), 0)
+        ceiling = np.where(entries["part"][tails] == parts,
+                           (entries["payload_offset"][tails] + entries["payload_len"][tails]).astype(np.int64),
+                           _NO_LIMIT)
         first_g, last_g = starts >> _GRANULE_SHIFT, (ends - 1) >> _GRANULE_SHIFT
         span = last_g - first_g + 1
         # A piece: granule g of block b in part p (key: b, p counted from the block's first part, g
         # from the block's first granule in that part).
-        base = blocks << _BLOCK_SHIFT | np.clip(parts - heads["part"].astype(np.int64), 0, _PARTS_IN_BLOCK) << 25
+        base = blocks << _BLOCK_SHIFT | np.clip(parts - head_parts, 0, _PARTS_IN_BLOCK) << 25
         first_key = base | ((first_g - (floor >> _GRANULE_SHIFT)) & _IN_BLOCK)
         if (span <= 2).all():
             keys = np.concatenate([first_key, first_key + (span - 1)])
@@ -575,14 +622,16 @@ class PackReader:
         else:  # records over two granules: every granule in between too
             rows = np.repeat(np.arange(len(span)), span)
             keys = first_key[rows] + np.arange(span.sum()) - np.repeat(np.cumsum(span) - span, span)
-        fresh = set(keys.tolist()) - self._advised
-        if not fresh:
+        distinct, first_at = _distinct_first(keys)  # a batch's records share few pieces
+        listed = distinct.tolist()
+        fresh = [key not in self._advised for key in listed]
+        if not any(fresh):
             return  # asked for already: the kernel has it or is reading it
         if len(self._advised) > _ADVISED_LIMIT:  # the cache may have dropped early ones: ask again later
             self._advised.clear()
-        self._advised.update(fresh)
-        wanted = np.fromiter((key in fresh for key in keys.tolist()), bool, len(keys))
-        keys, rows = keys[wanted], rows[wanted]
+        wanted = np.array(fresh, dtype=bool)
+        self._advised.update(distinct[wanted].tolist())
+        keys, rows = distinct[wanted], rows[first_at[wanted]]
         granules = (keys & _IN_BLOCK) + (floor[rows] >> _GRANULE_SHIFT)
         lo = np.maximum(granules << _GRANULE_SHIFT, floor[rows])
         hi = np.minimum((granules + 1) << _GRANULE_SHIFT, ceiling[rows])
@@ -593,20 +642,12 @@ class PackReader:
         new_run[1:] = (piece_parts[1:] != piece_parts[:-1]) | (lo[1:] > hi[:-1])  # pieces do not overlap
         heads_at = np.flatnonzero(new_run)
         stops = np.maximum.reduceat(hi, heads_at)
-        if self._fetcher.threads and self.backend == "lmdb":
-            self._locate_chunks(_distinct(piece_parts).tolist())
-        ranges: list[tuple[int, int, int]] = []
-        for part, start, stop in zip(piece_parts[heads_at].tolist(), lo[heads_at].tolist(), stops.tolist(),
-                                     strict=True):
-            stop = min(stop, self._part_size(part))
-            if stop <= start:
-                continue
-            if self._fetcher.threads:
-                ranges.append(self._file_range(part, start, stop))
-            else:
-                _madvise_willneed(self.part_view(part)[start:stop])
-        if ranges:
+        ranges = self._file_ranges(piece_parts[heads_at], lo[heads_at], stops)
+        if self._fetcher.threads:
             self._fetcher.fetch(ranges)
+        else:  # what MADV_WILLNEED on the map does too, without locating each range in it
+            for fd, offset, length in ranges:
+                os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
 
     def advise(self, indices: Sequence[int] | np.ndarray) -> int:
         """Ask the storage for the bytes of records that will be read soon, and return at once.
@@ -630,37 +671,43 @@ class PackReader:
             self._fetcher = _ParallelFetcher() if _parallel_reads(self.path) else _ParallelFetcher(0)
         if self._fetcher.threads:
             return 0
-        entries = self.entries[positions]
-        parts = entries["part"].astype(np.int64)
-        starts = entries["record_offset"].astype(np.int64)
-        ends = (entries["payload_offset"] + entries["payload_len"]).astype(np.int64)
+        entries = self.entries
+        parts = entries["part"][positions].astype(np.int64)
+        starts = entries["record_offset"][positions].astype(np.int64)
+        ends = (entries["payload_offset"][positions] + entries["payload_len"][positions]).astype(np.int64)
         by_place = np.lexsort((starts, parts))
         parts, starts, ends = parts[by_place], starts[by_place], ends[by_place]
-        first = np.ones(len(entries), dtype=bool)  # records that touch the one before join its run
+        first = np.ones(len(parts), dtype=bool)  # records that touch the one before join its run
         first[1:] = (parts[1:] != parts[:-1]) | (starts[1:] > ends[:-1] + PAGE)  # records do not overlap
         run_starts = np.flatnonzero(first)
         run_stops = np.maximum.reduceat(ends, run_starts)
-        if self.backend == "lmdb":
-            self._locate_chunks(_distinct(parts).tolist())
-        ranges = []
-        for part, start, stop in zip(parts[run_starts].tolist(), starts[run_starts].tolist(), run_stops.tolist(),
-                                     strict=True):
-            if self.backend == "lmdb" and part not in self._chunk_offsets:
-                continue  # a missing chunk: the read that needs it reports it
-            start, stop = max(0, start), min(stop, self._part_size(part))
-            if stop > start:
-                ranges.append(self._file_range(part, start, stop))
+        ranges = self._file_ranges(parts[run_starts], starts[run_starts], run_stops)
         for fd, offset, length in ranges:
             os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
         return sum(length for _, _, length in ranges)
 
-    def _file_range(self, part: int, start: int, stop: int) -> tuple[int, int, int]:
-        """``(fd, file offset, length)`` of bytes ``start:stop`` of ``part``."""
-        key = part if self.backend == "shards" else -1
-        fd = self._fd(key)
-        if key >= 0:
-            return fd, start, stop - start
-        return fd, self._chunk_offsets[part] + start, stop - start
+    def _file_ranges(self, parts: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> list[tuple[int, int, int]]:
+        """``(fd, file offset, length)`` of bytes ``starts:stops`` of each of ``parts`` (int64 arrays),
+        clipped to the part; empty ranges, and LMDB chunks that cannot be located (the read that
+        needs them reports it), are left out."""
+        distinct = _distinct(parts)
+        listed = distinct.tolist()
+        if self.backend == "lmdb":
+            self._locate_chunks(listed)
+            known = [part in self._chunk_offsets for part in listed]
+            sizes = np.array([self._part_size(p) if ok else -1 for p, ok in zip(listed, known, strict=True)], np.int64)
+            bases = np.array([self._chunk_offsets.get(part, 0) for part in listed], np.int64)
+            fds = [self._fd(-1)] * len(listed)
+        else:
+            sizes = np.array([self._part_size(part) for part in listed], np.int64)
+            bases = np.zeros(len(listed), np.int64)
+            fds = [self._fd(part) for part in listed]
+        at = np.searchsorted(distinct, parts)
+        starts = np.maximum(starts, 0)
+        stops = np.minimum(stops, sizes[at])
+        kept = np.flatnonzero(stops > starts)
+        return list(zip([fds[k] for k in at[kept].tolist()], (bases[at] + starts)[kept].tolist(),
+                        (stops - starts)[kept].tolist(), strict=True))
 
     def _fd(self, key: int) -> int:
         """A descriptor of shard ``key`` (-1: the LMDB file), for positioned reads and hints."""

@@ -93,6 +93,30 @@ class _Cursor:
     position: int
 
 
+class Lookahead:
+    """Announces an order's records to ``prefetch`` one window (``step`` records) ahead of a reading
+    position. At the start nothing is ahead yet: the first few batches' records go first (so the
+    first batch waits for its own reads, not for a whole window's), then the first window; the
+    second once a quarter of the first is read; from then on, the next window as each one begins."""
+
+    def __init__(self, order: np.ndarray, prefetch: Callable[[np.ndarray], Any], step: int) -> None:
+        self.order, self.prefetch, self.step = order, prefetch, max(1, step)
+        self.announced = 0  # records of ``order`` announced so far
+
+    def reach(self, position: int) -> None:
+        """The reader is at ``position`` of the order: announce what should be ahead of it."""
+        order, step = self.order, self.step
+        if not self.announced and order.size:
+            head = min(order.size, _HINT_HEAD, step)
+            self.prefetch(order[:head])
+            self.prefetch(order[head:step])
+            self.announced = min(order.size, step)
+        windows = 1 if position < step // 4 else position // step + 2
+        while self.announced < min(order.size, windows * step):
+            self.prefetch(order[self.announced : self.announced + step])
+            self.announced += step
+
+
 class PackSampler(torch.utils.data.Sampler[int]):
     """Sampler for packed datasets: block-local shuffling, even DDP split, exact mid-epoch resume.
 
@@ -276,29 +300,25 @@ class PackSampler(torch.utils.data.Sampler[int]):
     def _walk_ahead(order: np.ndarray, cursor: _Cursor, prefetch: Callable[[np.ndarray], Any],
                     step: int) -> Iterator[int]:
         """:meth:`_walk`, announcing the records one window (``step`` records) ahead of those handed
-        out. At the start nothing is ahead yet: the first few batches' records go first (so the
-        first batch waits for its own reads, not for a whole window's), then the first window, and
-        the second once a quarter of the first is handed out; from then on, the next window as each
-        window begins."""
-        head = min(order.size, _HINT_HEAD, step)
-        prefetch(order[:head])
-        prefetch(order[head:step])
-        hinted = min(order.size, step)
+        out (:class:`Lookahead`)."""
+        ahead = Lookahead(order, prefetch, step)
         for offset in range(0, order.size, step):
-            if offset and hinted < order.size:
-                prefetch(order[hinted : hinted + step])
-                hinted += step
+            ahead.reach(offset)
             chunk = order[offset : offset + step].tolist()
-            early = step // 4 if offset == 0 and hinted < order.size else len(chunk)
+            early = min(len(chunk), step // 4) if offset == 0 else len(chunk)
             for index in chunk[:early]:
                 cursor.position += 1
                 yield index
             if early < len(chunk):
-                prefetch(order[hinted : hinted + step])
-                hinted += step
+                ahead.reach(early)
                 for index in chunk[early:]:
                     cursor.position += 1
                     yield index
+
+    def lookahead(self, order: np.ndarray) -> Lookahead | None:
+        """What announces ``order`` (from :meth:`begin_epoch`) a window ahead of a loader's reading
+        position, as ``__iter__`` does, or None when this sampler has no ``prefetch``."""
+        return None if self._prefetch is None else Lookahead(order, self._prefetch, self._hint_records())
 
     # -- resume ----------------------------------------------------------------------------------------
 

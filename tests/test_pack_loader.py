@@ -254,3 +254,32 @@ def test_encoded_batches_hold_the_stored_bytes(packs):
     assert got == [ds[i] for i in order]
     with pytest.raises(ValueError, match="crop"):
         PackLoader(ds, 4, encoded=True, crop=24)
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+def test_packloader_announces_its_order_a_window_ahead(packs, threads):
+    """With the sampler's prefetch (on by default), PackLoader announces every record of the epoch
+    before it reads it, in the sampler's order, and the batches do not change."""
+    ds = PackedImageFolder(packs["keep"])
+    announced: list[int] = []
+    reads: list[int] = []
+
+    def announce(indices: np.ndarray) -> int:
+        announced.extend(indices.tolist())
+        return 0
+
+    sampler = ds.sampler(seed=3, block_size=4, window_blocks=2, prefetch=announce)
+    loader = PackLoader(ds, 5, sampler=sampler, crop=8, threads=threads)
+    build = loader._build
+
+    def build_after_announcing(indices, images=None):
+        assert set(indices.tolist()) <= set(announced)  # announced before it is read
+        reads.extend(indices.tolist())
+        return build(indices, images)
+
+    loader._build = build_after_announcing
+    got = [images.clone() for images, _ in loader]
+    assert sorted(announced) == list(range(len(ds))) and reads == sampler.epoch_order().tolist()
+    quiet = PackLoader(ds, 5, sampler=ds.sampler(seed=3, block_size=4, window_blocks=2, prefetch=False),
+                       crop=8, threads=threads)
+    assert all(torch.equal(a, b) for a, b in zip(got, (images for images, _ in quiet), strict=True))

@@ -431,6 +431,42 @@ def test_prefetching_sampler_reads_the_same_bytes(small_packs: dict[str, Path], 
     sampler.prefetch.close()
 
 
+@pytest.mark.parametrize("backend", ["lmdb", "shards"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dataset_sampler_announces_through_the_datasets_reader(small_packs: dict[str, Path], backend: str,
+                                                               workers: int) -> None:
+    """``ds.sampler()`` announces upcoming records by default, through the dataset's own reader in the
+    process that runs the sampler (no second reader of the pack there); ``prefetch=False`` announces
+    nothing; the order and the bytes are the same either way."""
+    from torch.utils.data import DataLoader
+
+    from loaders import PackedImageFolder
+    from loaders.collate import collate_as_list
+    from loaders.read import PackHints
+
+    path = small_packs[backend]
+    ds = PackedImageFolder(path, output="bytes")
+    announced: list[int] = []
+    hints = ds.sampler(shuffle=True, seed=5, block_size=8, window_blocks=2)
+    assert isinstance(hints.prefetch, PackHints)
+    counting = hints.prefetch
+
+    def count(indices: np.ndarray) -> int:
+        announced.extend(indices.tolist())
+        return counting(indices)
+
+    hints.prefetch = count
+    quiet = ds.sampler(shuffle=True, seed=5, block_size=8, window_blocks=2, prefetch=False)
+    assert quiet.prefetch is None
+    runs = [[item for batch in DataLoader(ds, batch_size=16, sampler=sampler, num_workers=workers,
+                                          collate_fn=collate_as_list) for item in batch]
+            for sampler in (hints, quiet)]
+    assert runs[0] == runs[1] and len(runs[0]) == len(ds)
+    assert sorted(announced) == list(range(len(ds)))  # every record announced once, ahead of its read
+    assert counting.error is None and counting._reader is None  # it used the dataset's reader
+    assert ds._reader is not None and not ds._reader.closed
+
+
 def test_lmdb_chunks_located_from_their_nodes(small_packs: dict[str, Path]) -> None:
     """The LMDB reader takes chunks from its own map at offsets read from the B-tree nodes; they must
     be byte for byte what LMDB itself returns."""
