@@ -54,7 +54,7 @@ _BLOCK_SHIFT = 31  # a piece's key: block << 31 | part within the block << 25 | 
 _PARTS_IN_BLOCK = 63
 _IN_BLOCK = (1 << 25) - 1
 _NO_LIMIT = 1 << 62
-_F_BIGDATA, _P_OVERFLOW, _PAGE_HEADER = 0x01, 0x04, 16  # LMDB 0.9: a node's value on overflow pages
+_F_BIGDATA, _P_LEAF, _P_OVERFLOW, _PAGE_HEADER = 0x01, 0x02, 0x04, 16  # LMDB 0.9's page and node flags
 _MADV_WILLNEED = 3
 _libc: Any = None
 
@@ -266,6 +266,7 @@ class PackReader:
         self._fds: dict[int, int] = {}  # part (-1: the LMDB file) -> descriptor for the parallel reads
         self._chunk_offsets: dict[int, int] = {}  # LMDB chunk -> its offset in the file
         self._overflows_checked = 0
+        self._leaf_values: dict[bytes, tuple[int, int]] = {}  # LMDB key -> (file offset, size), see _overflow
         try:
             if self.backend == "shards":
                 self._open_shards()
@@ -345,6 +346,7 @@ class PackReader:
         if self.manifest["backend"] != "lmdb":
             raise PackFormatError(f"{self.path}: manifest is for a {self.manifest['backend']} pack")
         self._page_size = int(self._env.stat()["psize"])
+        self._map_addr = int(self._env.info()["map_addr"])
         with open(self.path, "rb") as f:
             self._maps[-1] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         index = self._value(LMDB_INDEX_KEY, "the index")
@@ -458,30 +460,59 @@ class PackReader:
         """(file offset, size) of the value of key ``name`` when LMDB stores it on overflow pages, read
         from its leaf node (LMDB 0.9's on-disk layout: the node header ``lo, hi, flags, ksize`` just
         before the key, the first overflow page's number just after it, a 16-byte page header there,
-        checked); None when it is not there or does not check out."""
-        try:
-            cursor = self._txn.cursor()
-            if not cursor.set_key(name):
+        checked); None when it is not there or does not check out.
+
+        A B-tree lookup reads the value's first page too (with a cold cache, one 4 KB random read per
+        chunk), so the first lookup on a leaf page notes every overflow value on that page
+        (:meth:`_note_leaf`) and the chunks beside it are found without one."""
+        located = self._leaf_values.get(name)
+        if located is None:
+            try:
+                cursor = self._txn.cursor()
+                if not cursor.set_key(name):
+                    return None
+                key = cursor.key()
+            except lmdb.Error:
                 return None
-            key = cursor.key()
-        except lmdb.Error:
-            return None
-        at = np.frombuffer(key, np.uint8).ctypes.data
-        lo, hi, flags, key_size = (ctypes.c_uint16 * 4).from_address(at - 8)
-        if not flags & _F_BIGDATA or key_size != len(key):
-            return None
-        page = int.from_bytes(ctypes.string_at(at + key_size, 8), "little")
-        size = lo | hi << 16
-        start = page * self._page_size
-        if start + _PAGE_HEADER + size > len(self._maps[-1]):
+            at = np.frombuffer(key, np.uint8).ctypes.data
+            lo, hi, flags, key_size = (ctypes.c_uint16 * 4).from_address(at - 8)
+            if not flags & _F_BIGDATA or key_size != len(key):
+                return None
+            page = int.from_bytes(ctypes.string_at(at + key_size, 8), "little")
+            located = page * self._page_size + _PAGE_HEADER, lo | hi << 16
+            self._note_leaf(at)
+        offset, size = located
+        if offset + size > len(self._maps[-1]):
             return None
         if self._overflows_checked < 2:  # the layout, checked on a reader's first chunks: a small
             fd = self._fd(-1)  # read, not a fault (which would read around it)
-            header = os.pread(fd, _PAGE_HEADER, start)
-            if int.from_bytes(header[:8], "little") != page or not header[10] & _P_OVERFLOW:
+            header = os.pread(fd, _PAGE_HEADER, offset - _PAGE_HEADER)
+            if int.from_bytes(header[:8], "little") != (offset - _PAGE_HEADER) // self._page_size \
+                    or not header[10] & _P_OVERFLOW:
                 return None
             self._overflows_checked += 1
-        return start + _PAGE_HEADER, size
+        return located
+
+    def _note_leaf(self, at: int) -> None:
+        """Note (file offset, size) of every value on overflow pages in the LMDB leaf page holding
+        address ``at`` (a key LMDB just returned from it, so the page is in memory): the page header
+        (``pgno, pad, flags, lower, upper``), its array of node offsets, each node as above. Nodes
+        that do not check out are skipped; their keys take the lookup."""
+        psize = self._page_size
+        page_at = at - (at - self._map_addr) % psize
+        header = (ctypes.c_uint16 * 8).from_address(page_at)
+        flags, lower, upper = header[5], header[6], header[7]
+        if not flags & _P_LEAF or not _PAGE_HEADER <= lower <= upper <= psize:
+            return
+        for node in (ctypes.c_uint16 * ((lower - _PAGE_HEADER) // 2)).from_address(page_at + _PAGE_HEADER):
+            if node < upper or node + 8 > psize:
+                continue
+            lo, hi, node_flags, key_size = (ctypes.c_uint16 * 4).from_address(page_at + node)
+            if not node_flags & _F_BIGDATA or node + 8 + key_size + 8 > psize:
+                continue
+            key = ctypes.string_at(page_at + node + 8, key_size)
+            page = int.from_bytes(ctypes.string_at(page_at + node + 8 + key_size, 8), "little")
+            self._leaf_values[key] = (page * psize + _PAGE_HEADER, lo | hi << 16)
 
     def _part_size(self, part: int) -> int:
         """Bytes in shard or chunk ``part`` (a shard's from the manifest, checked at open: not mapped)."""

@@ -478,3 +478,6 @@ def test_lmdb_chunks_located_from_their_nodes(small_packs: dict[str, Path]) -> N
         for part in range(parts):
             assert bytes(reader.part_view(part)) == bytes(reader._txn.get(lmdb_chunk_key(part)))
         assert reader._overflows_checked >= 1  # at least one chunk on overflow pages, checked
+        # every chunk was noted from the leaf page of the first lookup (one B-tree lookup per leaf)
+        assert all(lmdb_chunk_key(part) in reader._leaf_values for part in range(parts))
+        assert reader._leaf_values[lmdb_chunk_key(parts - 1)][1] == len(reader.part_view(parts - 1))
