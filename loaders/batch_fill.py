@@ -25,7 +25,8 @@ import torch
 from packer.errors import PackFormatError
 from packer.format import FORMAT_CODE, PAYLOAD_FORMATS
 
-from .crop import CenterCrop, resize
+from . import resize_kernel
+from .crop import CenterCrop, interleaved, resize
 from .decode import DECODE_ERRORS, _check_pixel_limit, decode_array, decode_failure, raw_array, simplejpeg
 from .read import PackReader
 
@@ -199,6 +200,9 @@ class _CropFill:
         self.slots = out.split(1)  # 1×3×S×S channels-last views, one per image
         self.scratch = np.empty(int((heights * widths).max()) * 3, dtype=np.uint8)
         self.flat = torch.from_numpy(self.scratch)
+        # the compiled kernel (when built) resizes straight from the map or the decode buffer
+        self.kernel = resize_kernel.available() and bool(self.slots) and interleaved(self.slots[0])
+        self.scratch_at = self.scratch.ctypes.data
 
     def fill(self, k: int, view: memoryview) -> bool:
         """Crop and resize image ``k`` into its slot; False if it must take the general route."""
@@ -208,6 +212,8 @@ class _CropFill:
             if len(view) != nbytes:
                 return False
             square = np.ndarray((side, side, 3), np.uint8, view, offset, (stride, 3, 1))
+            if self.kernel and self._resize(square.ctypes.data, stride, side, k):
+                return True
             np.copyto(np.ndarray((side, side, 3), np.uint8, self.scratch), square)  # one copy, straight from the map
             square = self.flat.as_strided((1, 3, side, side), (side * side * 3, 1, side * 3, 3))
         elif self.jpeg[k]:
@@ -223,6 +229,9 @@ class _CropFill:
                 return False  # the general route decides: PIL, or a clear error naming the record
             height, width = pixels.shape[:2]
             top, left, side = self.crop.window(height, width)
+            if self.kernel and side != self.crop.size and \
+                    self._resize(self.scratch_at + (top * width + left) * 3, width * 3, side, k):
+                return True
             square = self.flat.as_strided((1, 3, side, side), (height * width * 3, 1, width * 3, 3),
                                           (top * width + left) * 3)
             if side == self.crop.size:
@@ -232,6 +241,13 @@ class _CropFill:
             return False
         resize(square, self.slots[k])
         return True
+
+    def _resize(self, source: int, row_bytes: int, side: int, k: int) -> bool:
+        """The ``side`` × ``side`` square at address ``source`` into slot ``k`` by the compiled kernel
+        (False: it does not apply, use ``resize``)."""
+        slot = self.slots[k]
+        size = self.crop.size
+        return resize_kernel.resize_region(source, row_bytes, side, side, slot.data_ptr(), slot.stride(2), size, size)
 
 
 def _decode(reader: PackReader, index: int, view: memoryview, crop: CenterCrop | None, fast_jpeg: bool,

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from . import resize_kernel
 from .collate import as_chw
 
 
@@ -87,14 +88,26 @@ def _resize_into(image: np.ndarray, out: torch.Tensor) -> None:
     resize(torch.from_numpy(image).permute(2, 0, 1).unsqueeze(0), out.unsqueeze(0))
 
 
+def interleaved(image: torch.Tensor) -> bool:
+    """Whether a 1×3×H×W view stores each pixel's 3 bytes together and a row's pixels side by side
+    (rows may be any distance apart): what the compiled kernel reads and writes."""
+    return image.stride(1) == 1 and image.stride(3) == 3
+
+
 def resize(square: torch.Tensor, out: torch.Tensor) -> None:
     """Bilinear, antialiased resize of 1×3×h×w uint8 ``square`` (any strides) into 1×3×H×W ``out``.
 
     torch's fast uint8 kernel runs when ``out`` is channels-last (a slot of a channels-last batch,
     written in place: no copy); it makes a channels-last copy of ``square`` itself when needed, with
     the GIL released. Same pixels as ``F.interpolate(..., mode="bilinear", antialias=True)``, which
-    is the fallback."""
+    is the fallback. The compiled kernel (``loaders/resize_kernel.py``), when built, takes it instead
+    for interleaved uint8 pixels: bit-exact with torch's kernel, about 3x faster."""
     size = (out.shape[2], out.shape[3])
+    if interleaved(square) and interleaved(out) and square.dtype == out.dtype == torch.uint8 \
+            and square.device.type == out.device.type == "cpu" and resize_kernel.resize_region(
+                square.data_ptr(), square.stride(2), square.shape[2], square.shape[3], out.data_ptr(), out.stride(2),
+                size[0], size[1]):
+        return  # the compiled kernel: the same pixels, ~3x faster (loaders/resize_kernel.py)
     if out.is_contiguous(memory_format=torch.channels_last):
         try:
             torch._C._nn._upsample_bilinear2d_aa(square, size, False, None, None, out=out)

@@ -730,6 +730,8 @@ class PackReader:
             bases = np.array([self._chunk_offsets.get(part, 0) for part in listed], np.int64)
             fds = [self._fd(-1)] * len(listed)
         else:
+            for part in listed:  # map each shard and read its header now: behind the ranges about to
+                self._shard(part)  # be queued, that small read would wait for all of them
             sizes = np.array([self._part_size(part) for part in listed], np.int64)
             bases = np.zeros(len(listed), np.int64)
             fds = [self._fd(part) for part in listed]

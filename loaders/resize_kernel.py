@@ -1,0 +1,103 @@
+"""The compiled resize kernel (``loaders/_resize.c``), when it was built: ``crop.resize`` uses it.
+
+It resamples uint8 RGB images with an antialiased bilinear (triangle) filter, bit-exact with
+torch's uint8 kernel (``interpolate(..., mode="bilinear", antialias=True)``): the same weights,
+the same fixed-point arithmetic, the same rounding, so every pixel is identical whichever of the
+two runs. It is about 3× faster than torch's for the common case of the fast path (a square of
+120-224 pixels enlarged to 224: ~20 µs against ~60-75 µs per image on one core), and it reads the
+source straight from a strided region (a square inside an image in the memory map, or inside a
+decode buffer), so nothing is copied first. ctypes releases the GIL for the call.
+
+Used only where it is faster than torch: on x86-64 CPUs with AVX2 (elsewhere its portable code
+is slower, and torch resizes). ``PACKLOAD_RESIZE=torch`` makes packload resize with torch even
+where the kernel is available (for comparisons); it is read once, when this module loads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from typing import Any
+
+import numpy as np
+
+_AVX2 = 2  # rs_level(): the code path the kernel takes on this CPU
+_MIN_ROW_BYTES = 16  # the kernel reads up to 16 bytes past a source row's last pixel
+_WEIGHTS_KEPT = 4096  # (input, output) size pairs whose weights are kept
+
+
+def _load() -> tuple[Any, str | None]:
+    """(the kernel's functions, None), or (None, why packload resizes with torch here)."""
+    if os.environ.get("PACKLOAD_RESIZE", "").lower() == "torch":
+        return None, "PACKLOAD_RESIZE=torch"
+    try:
+        from . import _resize  # type: ignore[attr-defined]
+    except ImportError:
+        return None, "the compiled kernel was not built (no C compiler when packload was installed)"
+    lib = ctypes.CDLL(_resize.__file__)
+    pointer, long, int_ = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
+    lib.rs_weights_new.restype = pointer
+    lib.rs_weights_new.argtypes = [int_, int_]
+    lib.rs_weights_free.argtypes = [pointer]
+    lib.rs_scratch_bytes.restype = ctypes.c_size_t
+    lib.rs_scratch_bytes.argtypes = [int_, int_]
+    lib.rs_resize.restype = int_
+    lib.rs_resize.argtypes = [pointer, long, int_, int_, pointer, long, int_, int_, pointer, pointer, pointer,
+                              ctypes.c_size_t]
+    lib.rs_level.restype = int_
+    if lib.rs_level() < _AVX2:
+        return None, "this CPU has no AVX2, where torch's resize is the faster one"
+    return lib, None
+
+
+_lib, unavailable_reason = _load()
+_weights: dict[tuple[int, int], int] = {}
+_weights_lock = threading.Lock()
+_scratch = threading.local()
+
+
+def available() -> bool:
+    """Whether ``resize_region`` resizes here (else ``unavailable_reason`` says why not)."""
+    return _lib is not None
+
+
+def _weights_for(size_in: int, size_out: int) -> int | None:
+    """The kernel's weights for ``size_in`` → ``size_out`` samples (None: the side keeps its size)."""
+    if size_in == size_out:
+        return None
+    key = (size_in, size_out)
+    handle = _weights.get(key)
+    if handle is None:
+        with _weights_lock:
+            handle = _weights.get(key)
+            if handle is None:
+                handle = _lib.rs_weights_new(size_in, size_out)
+                if not handle:
+                    raise MemoryError(f"resize weights for {size_in} -> {size_out} samples")
+                if len(_weights) < _WEIGHTS_KEPT:
+                    _weights[key] = handle
+    return handle
+
+
+def resize_region(source: int, source_row_bytes: int, height: int, width: int, dest: int, dest_row_bytes: int,
+                  out_height: int, out_width: int) -> bool:
+    """Resize the ``height`` × ``width`` × 3 uint8 region at address ``source`` (rows
+    ``source_row_bytes`` apart) into the ``out_height`` × ``out_width`` × 3 region at ``dest``.
+    Returns False, having done nothing, where the kernel does not apply (not available, or rows too
+    short for its reads): the caller then resizes with torch, which gives the same pixels."""
+    if _lib is None or width * 3 < _MIN_ROW_BYTES or height < 2 or source_row_bytes < width * 3:
+        return False
+    horizontal, vertical = _weights_for(width, out_width), _weights_for(height, out_height)
+    need = _lib.rs_scratch_bytes(height, out_width)
+    scratch = getattr(_scratch, "buffer", None)
+    if scratch is None or scratch.nbytes < need:
+        scratch = _scratch.buffer = np.empty(need, dtype=np.uint8)  # one per thread, freed with it
+    status = _lib.rs_resize(source, source_row_bytes, height, width, dest, dest_row_bytes, out_height, out_width,
+                            horizontal, vertical, scratch.ctypes.data, scratch.nbytes)
+    if status:
+        raise ValueError(f"resize kernel refused {height}x{width} -> {out_height}x{out_width} (status {status})")
+    for handle, key in ((horizontal, (width, out_width)), (vertical, (height, out_height))):
+        if handle is not None and key not in _weights:  # built for this call only (the cache is full;
+            _lib.rs_weights_free(handle)  # each call then builds its own, so none is freed twice)
+    return True
