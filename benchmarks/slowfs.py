@@ -1,6 +1,6 @@
 """An emulated slow disk: a read-only passthrough FUSE filesystem that adds latency to requests.
 
-    python benchmarks/slowfs.py SRC MOUNTPOINT --latency-ms 2 [--mbps 200] [--meta-latency-ms 0]
+    python benchmarks/slowfs.py SRC MOUNTPOINT --latency-ms 2 [--mbps 200] [--meta-latency-ms 0] [--server auto|c|python]
 
 mounts SRC read-only at MOUNTPOINT (in the foreground; Ctrl-C or ``umount MOUNTPOINT`` ends it).
 Every ``open`` and every ``read`` request the kernel sends waits ``--latency-ms`` before it is
@@ -17,7 +17,8 @@ Counters (opens, read requests, bytes, the size of every read request, the peak 
 flight) are readable while mounted from the hidden file ``MOUNTPOINT/.slowfs-stats`` (JSON; not
 listed, not counted, never delayed) and are written to ``--stats-file`` when the filesystem stops.
 
-From Python (needs root or fusermount, ``/dev/fuse``, libfuse2 and ``pip install -e ".[slowfs]"``)::
+From Python (needs root or fusermount, ``/dev/fuse``, libfuse2, and libfuse-dev with a C compiler
+for the compiled server or ``pip install -e ".[slowfs]"`` for the Python one)::
 
     with SlowFS("data", "mnt", latency_ms=2) as fs:
         before = fs.stats()
@@ -26,12 +27,23 @@ From Python (needs root or fusermount, ``/dev/fuse``, libfuse2 and ``pip install
 
 Mounting runs in a child process; leaving the ``with`` block unmounts (``fusermount -u`` or
 ``umount``, lazily if busy) and waits for that process, also when the block raises.
+
+Two servers with the same semantics, chosen with ``--server`` (``SlowFS(..., server=...)``; default
+``auto``, or the ``SLOWFS_SERVER`` environment variable): ``c``, the compiled ``benchmarks/slowfs.c``
+(built on first use with ``cc`` and ``pkg-config fuse``, i.e. libfuse-dev, into
+``~/.cache/packload/``, rebuilt when the source changes), and ``python``, this file on fusepy, which
+spends two to three times the CPU per request (and holds the GIL), CPU that a reader on the same
+few cores then lacks. The kernel sends both the same requests. ``auto`` takes the compiled one when
+it builds, else the Python one, and ``SlowFS.describe()`` says which ran and why; the compiled one
+needs neither fusepy nor Python in the data path.
 """
 
 from __future__ import annotations
 
 import argparse
 import errno
+import functools
+import hashlib
 import json
 import os
 import shutil
@@ -50,16 +62,39 @@ from typing import Any
 STATS_NAME = ".slowfs-stats"
 MOUNT_TIMEOUT_S = 20.0
 _STATS_FH = 1 << 62  # file handle of the counters file (never a real descriptor)
+SERVERS = ("auto", "c", "python")
+C_SOURCE = Path(__file__).resolve().with_name("slowfs.c")
+_REPO = C_SOURCE.parent.parent
 
 
-def unavailable() -> str | None:
-    """None when a slowfs can be mounted here, else why not (for skips and benchmark notes)."""
+def _default_server() -> str:
+    server = os.environ.get("SLOWFS_SERVER", "auto") or "auto"
+    if server not in SERVERS:
+        raise ValueError(f"SLOWFS_SERVER={server!r}: expected one of {', '.join(SERVERS)}")
+    return server
+
+
+def unavailable(server: str | None = None) -> str | None:
+    """None when a slowfs can be mounted here, else why not (for skips and benchmark notes).
+
+    ``server`` (default ``auto``): ``python`` needs fusepy, ``c`` a compiled server (see
+    :func:`c_server`), ``auto`` either one."""
+    server = server or _default_server()
     if not sys.platform.startswith("linux"):
         return f"FUSE mounts are only supported on Linux here, not {sys.platform}"
     if not os.path.exists("/dev/fuse"):
         return "no /dev/fuse (the kernel's FUSE device; containers need --device /dev/fuse)"
     if os.geteuid() != 0 and shutil.which("fusermount") is None:
         return "not root and no fusermount to mount as a user (apt-get install fuse)"
+    if server == "c":
+        return c_server()[1]
+    reason = _fusepy_unavailable()
+    if reason is not None and server == "auto" and c_server()[0] is not None:
+        return None
+    return reason
+
+
+def _fusepy_unavailable() -> str | None:
     try:
         import fuse  # noqa: F401  (fusepy; raises OSError when libfuse2 is missing)
     except ImportError:
@@ -67,6 +102,64 @@ def unavailable() -> str | None:
     except OSError as exc:
         return f"libfuse2 is missing ({exc}); apt-get install libfuse2"
     return None
+
+
+# ---------------------------------------------------------------- the compiled server
+
+
+def _cache_dirs() -> list[Path]:
+    """Where the compiled server may be cached: the user's cache, else the temp folder (never the repo)."""
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    dirs = [Path(xdg) / "packload"] if xdg else []
+    dirs += [Path.home() / ".cache" / "packload", Path(tempfile.gettempdir()) / f"packload-{os.geteuid()}"]
+    return [d for d in dirs if not d.resolve().is_relative_to(_REPO)]
+
+
+@functools.cache
+def c_server() -> tuple[Path | None, str | None]:
+    """The compiled server: ``(path, None)``, built on first use, or ``(None, why not)``.
+
+    ``cc -O2 slowfs.c $(pkg-config fuse --cflags --libs)`` into a cache folder outside the repository,
+    named by a hash of the source and flags, so a changed source is rebuilt and an unchanged one is not."""
+    cc = os.environ.get("CC", "cc")
+    if shutil.which(cc) is None:
+        return None, f"no C compiler ({cc}) to build the compiled server; apt-get install gcc"
+    if shutil.which("pkg-config") is None:
+        return None, "no pkg-config to find libfuse for the compiled server; apt-get install pkg-config libfuse-dev"
+    flags = subprocess.run(["pkg-config", "fuse", "--cflags", "--libs"], capture_output=True, text=True)
+    if flags.returncode != 0:
+        return None, "pkg-config finds no libfuse 2 headers for the compiled server; apt-get install libfuse-dev"
+    try:
+        source = C_SOURCE.read_bytes()
+    except OSError as exc:
+        return None, f"{C_SOURCE.name}: {exc.strerror}"
+    key = hashlib.sha256(source + b"\0" + cc.encode() + b"\0" + flags.stdout.encode()).hexdigest()[:16]
+    why = "no writable cache folder for the compiled server"
+    for folder in _cache_dirs():
+        binary = folder / f"slowfs-{key}"
+        if os.access(binary, os.X_OK):
+            return binary, None
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=binary.name + ".", dir=folder)
+            os.close(fd)
+        except OSError:
+            continue
+        try:  # into a temporary name, then renamed: concurrent builds never see half a binary
+            run = subprocess.run([cc, "-O2", "-o", tmp, str(C_SOURCE), *flags.stdout.split()],
+                                 capture_output=True, text=True, timeout=120)
+            if run.returncode != 0:
+                last = (run.stderr.strip().splitlines() or ["?"])[-1]
+                return None, f"the compiled server does not build ({cc}: {last})"
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, binary)
+            return binary, None
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            why = f"the compiled server does not build ({exc})"
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return None, why
 
 
 # ---------------------------------------------------------------- counters
@@ -264,16 +357,25 @@ class SlowFS:
 
     Use as a context manager (``with SlowFS(src, mnt, latency_ms=2) as fs:``) or call
     :meth:`mount` and :meth:`close`. ``stats()`` reads the live counters; after closing,
-    ``final_stats`` holds those written by the child when it stopped.
+    ``final_stats`` holds those written by the child when it stopped. ``server``: ``auto`` (the
+    compiled server when it builds, else the Python one; ``server_note`` says why), ``c`` or
+    ``python``; default ``auto`` or the ``SLOWFS_SERVER`` environment variable.
     """
 
     def __init__(self, source: str | os.PathLike[str], mountpoint: str | os.PathLike[str], latency_ms: float = 2.0,
-                 mbps: float | None = None, meta_latency_ms: float = 0.0) -> None:
+                 mbps: float | None = None, meta_latency_ms: float = 0.0, server: str | None = None) -> None:
+        server = server or _default_server()
+        if server not in SERVERS:
+            raise ValueError(f"server={server!r}: expected one of {', '.join(SERVERS)}")
         self.source = Path(source)
         self.mountpoint = Path(mountpoint)
         self.latency_ms = latency_ms
         self.mbps = mbps
         self.meta_latency_ms = meta_latency_ms
+        self.server = server
+        self.server_used: str | None = None  # "c" or "python", once chosen
+        self.server_note: str | None = None  # why ``auto`` fell back to the Python server
+        self._binary: Path | None = None
         self.final_stats: Stats | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._stats_file: str | None = None
@@ -281,13 +383,35 @@ class SlowFS:
         self.last_log = ""
 
     def describe(self) -> dict[str, Any]:
-        """The settings, for results files."""
-        return {"latency_ms": self.latency_ms, "mbps": self.mbps, "meta_latency_ms": self.meta_latency_ms,
-                "delayed": "every open and read request" + (", getattr and readdir" if self.meta_latency_ms else "")}
+        """The settings and the server that serves (or will serve) them, for results files."""
+        if self.server_used is None:
+            self._choose_server()
+        out = {"latency_ms": self.latency_ms, "mbps": self.mbps, "meta_latency_ms": self.meta_latency_ms,
+               "delayed": "every open and read request" + (", getattr and readdir" if self.meta_latency_ms else ""),
+               "server": self.server_used}
+        if self.server_note:
+            out["server_note"] = self.server_note
+        return out
+
+    def _choose_server(self) -> None:
+        """Settle ``server_used`` (once: a remount keeps it); raises RuntimeError if ``c`` does not build."""
+        if self.server_used is not None:
+            return
+        if self.server == "python":
+            self.server_used = "python"
+            return
+        binary, why = c_server()
+        if binary is not None:
+            self.server_used, self._binary = "c", binary
+        elif self.server == "c":
+            raise RuntimeError(f"cannot mount a slowfs with the compiled server: {why}")
+        else:
+            self.server_used, self.server_note = "python", f"compiled server unavailable: {why}"
 
     def mount(self) -> SlowFS:
         """Start the child and wait until the mount is live; raises RuntimeError with the reason if not."""
-        reason = unavailable()
+        self._choose_server()
+        reason = unavailable(self.server_used)
         if reason is not None:
             raise RuntimeError(f"cannot mount a slowfs: {reason}")
         if not self.source.is_dir():
@@ -297,7 +421,9 @@ class SlowFS:
             raise RuntimeError(f"{self.mountpoint}: something is mounted there already; unmount it first")
         fd, self._stats_file = tempfile.mkstemp(prefix="slowfs-", suffix=".json")
         os.close(fd)
-        cmd = [sys.executable, str(Path(__file__).resolve()), str(self.source), str(self.mountpoint),
+        server = [str(self._binary)] if self.server_used == "c" else \
+            [sys.executable, str(Path(__file__).resolve()), "--server", "python"]
+        cmd = [*server, str(self.source), str(self.mountpoint),
                "--latency-ms", str(self.latency_ms), "--meta-latency-ms", str(self.meta_latency_ms),
                "--stats-file", self._stats_file, *(["--mbps", str(self.mbps)] if self.mbps else [])]
         # A file, not a pipe: a child blocked writing to a full pipe would hang every request.
@@ -313,7 +439,7 @@ class SlowFS:
         return self
 
     def log_tail(self, chars: int = 2000) -> str:
-        """The end of what the child wrote to stdout/stderr (fusepy's error messages)."""
+        """The end of what the child wrote to stdout/stderr (libfuse's and fusepy's error messages)."""
         if self._log is None:
             return ""
         self._log.seek(0)
@@ -379,6 +505,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--mbps", type=float, default=None, help="bandwidth cap of all reads together, MB/s")
     p.add_argument("--meta-latency-ms", type=float, default=0.0, help="added to every getattr/lookup and readdir")
     p.add_argument("--stats-file", default=None, help="write the counters here (JSON) when unmounted")
+    p.add_argument("--server", choices=SERVERS, default=None,
+                   help="compiled (c) or fusepy (python) server; auto (default, or SLOWFS_SERVER): c when it builds")
     args = p.parse_args(argv)
     if not args.source.is_dir():
         print(f"slowfs: {args.source}: not a folder; give the folder to serve", file=sys.stderr)
@@ -389,10 +517,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.latency_ms < 0 or args.meta_latency_ms < 0 or (args.mbps is not None and args.mbps <= 0):
         print("slowfs: latencies must be >= 0 and --mbps > 0", file=sys.stderr)
         return 2
-    reason = unavailable()
+    try:
+        server = args.server or _default_server()
+    except ValueError as exc:
+        p.error(str(exc))
+    binary, why = c_server() if server != "python" else (None, None)
+    if server == "c" and binary is None:
+        print(f"slowfs: cannot mount with the compiled server: {why}", file=sys.stderr)
+        return 2
+    reason = unavailable("c" if binary is not None else "python")
     if reason is not None:
         print(f"slowfs: cannot mount: {reason}", file=sys.stderr)
         return 2
+    if binary is not None:  # the compiled server takes over this process: signals and exit code are its own
+        os.execv(binary, [str(binary), str(args.source), str(args.mountpoint), "--latency-ms", str(args.latency_ms),
+                          "--meta-latency-ms", str(args.meta_latency_ms),
+                          *(["--mbps", str(args.mbps)] if args.mbps else []),
+                          *(["--stats-file", args.stats_file] if args.stats_file else [])])
+    if server == "auto":
+        print(f"slowfs: serving with the Python server ({why})", file=sys.stderr)
     try:
         serve(args.source, args.mountpoint, args.latency_ms, args.mbps, args.meta_latency_ms, args.stats_file)
     except RuntimeError as exc:  # fusepy: "1" when libfuse could not mount

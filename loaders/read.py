@@ -101,12 +101,15 @@ class _ParallelFetcher:
             self._pool, self._pid = ThreadPoolExecutor(self.threads, thread_name_prefix="packload-fetch"), os.getpid()
         return self._pool
 
-    def fetch(self, ranges: list[tuple[int, int, int]]) -> None:
-        """Read every ``(fd, offset, length)`` range; returns when all are in the page cache."""
+    def fetch(self, ranges: list[tuple[int, int, int]], close: bool = False) -> None:
+        """Read every ``(fd, offset, length)`` range; returns when all are in the page cache (and
+        with ``close``, once the threads are gone: a fetcher used once)."""
         step = 1 << _GRANULE_SHIFT
         pieces = [(fd, o, min(step, off + n - o)) for fd, off, n in ranges for o in range(off, off + n, step)]
         for _ in self.pool().map(_read_piece, pieces):
             pass
+        if close:
+            self.close()
 
     def close(self) -> None:
         if self._pool is not None and self._pid == os.getpid():
@@ -122,7 +125,7 @@ def _read_piece(piece: tuple[int, int, int]) -> None:
         pass  # only a hint: the memory map reports real errors when the bytes are used
 
 
-def _parallel_reads(path: Path) -> bool:
+def parallel_reads(path: Path) -> bool:
     """Whether to prefetch with parallel reads: on network and FUSE filesystems, unless
     ``PACKLOAD_PARALLEL_READS`` is set to 0 (never) or 1 (always)."""
     forced = os.environ.get("PACKLOAD_PARALLEL_READS")
@@ -156,7 +159,7 @@ class PackHints:
     def __call__(self, indices: np.ndarray) -> int:
         try:
             if self._parallel is None:  # network or FUSE: nothing to announce, so nothing to open
-                self._parallel = _parallel_reads(self.path)
+                self._parallel = parallel_reads(self.path)
             if self._parallel:
                 return 0
             if self._opener is not None:
@@ -305,6 +308,8 @@ class PackReader:
         index_path = self.path / INDEX_NAME
         try:
             with open(index_path, "rb") as f:
+                if parallel_reads(self.path):  # network/FUSE: faulting it in waits ~2 requests at a time
+                    _ParallelFetcher().fetch([(f.fileno(), 0, os.fstat(f.fileno()).st_size)], close=True)
                 self._index_map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except (OSError, ValueError) as exc:
             raise PackFormatError(f"{index_path}: cannot read the index ({exc}); the pack is damaged") from None
@@ -626,7 +631,7 @@ class PackReader:
         (most batches of a sampler window) costs a few numpy calls and one set difference.
         ``parts`` and ``ends`` (where each payload ends) are the caller's, as int64."""
         if self._fetcher is None:
-            self._fetcher = _ParallelFetcher() if _parallel_reads(self.path) else _ParallelFetcher(0)
+            self._fetcher = _ParallelFetcher() if parallel_reads(self.path) else _ParallelFetcher(0)
         entries = self.entries
         starts = np.maximum(entries["record_offset"][positions].astype(np.int64), 0)  # a damaged offset must not
         keep = (ends > starts) & (ends - starts <= _PREFETCH_RECORD_LIMIT)  # make a huge range, nor a damaged
@@ -699,7 +704,7 @@ class PackReader:
         if not len(positions):
             return 0
         if self._fetcher is None:
-            self._fetcher = _ParallelFetcher() if _parallel_reads(self.path) else _ParallelFetcher(0)
+            self._fetcher = _ParallelFetcher() if parallel_reads(self.path) else _ParallelFetcher(0)
         if self._fetcher.threads:
             return 0
         entries = self.entries

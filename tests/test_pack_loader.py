@@ -283,3 +283,17 @@ def test_packloader_announces_its_order_a_window_ahead(packs, threads):
     quiet = PackLoader(ds, 5, sampler=ds.sampler(seed=3, block_size=4, window_blocks=2, prefetch=False),
                        crop=8, threads=threads)
     assert all(torch.equal(a, b) for a, b in zip(got, (images for images, _ in quiet), strict=True))
+
+
+def test_copying_uses_threads_only_on_network_storage(packs, monkeypatch):
+    """A copy-only PackLoader builds batches in the loop's thread on a local disk, and in 4 threads
+    where every read waits a round trip (network and FUSE storage; forced here as the reader is)."""
+    ds = PackedImageFolder(packs["keep"])
+    monkeypatch.setenv("PACKLOAD_PARALLEL_READS", "0")
+    assert PackLoader(ds, 4, encoded=True).threads == 0
+    monkeypatch.setenv("PACKLOAD_PARALLEL_READS", "1")
+    remote = PackLoader(ds, 4, encoded=True)
+    assert remote.threads == 4 and PackLoader(ds, 4, encoded=True, threads=0).threads == 0
+    local = PackLoader(ds, 4, encoded=True, threads=0)
+    for (data, offsets, labels), (want_data, want_offsets, want_labels) in zip(remote, local, strict=True):
+        assert torch.equal(data, want_data) and torch.equal(offsets, want_offsets) and torch.equal(labels, want_labels)
