@@ -275,9 +275,13 @@ class PackedImageFolder(Dataset):
         ``prefetch=True`` (the default): while the sampler hands out one window of records it
         announces the next window's to the storage, through this process's reader of the pack, so
         with a cold page cache the disk works a window ahead of the reads (DataLoader workers share
-        the page cache). ``False`` announces nothing; a path or callable is passed on as it is."""
-        if prefetch is True:
-            prefetch = PackHints(self.root, opener=self.reader)
+        the page cache), except with ``order="random"``, where every record would be announced on
+        its own (a system call per record). ``False`` announces nothing; a path or callable is passed
+        on as it is."""
+        if prefetch is True:  # not for a full random order: there every record is a range of its own, and
+            # a syscall per record costs more than it saves when the records are small and cached
+            random = shuffle and options.get("order", "block") == "random"
+            prefetch = None if random else PackHints(self.root, opener=self.reader)
         elif prefetch is False:
             prefetch = None
         return PackSampler(len(self), shuffle=shuffle, seed=seed, prefetch=prefetch, **options)

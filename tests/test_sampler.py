@@ -458,6 +458,8 @@ def test_dataset_sampler_announces_through_the_datasets_reader(small_packs: dict
     hints.prefetch = count
     quiet = ds.sampler(shuffle=True, seed=5, block_size=8, window_blocks=2, prefetch=False)
     assert quiet.prefetch is None
+    assert ds.sampler(order="random").prefetch is None  # a range per record: not by default
+    assert isinstance(ds.sampler(shuffle=False, order="random").prefetch, PackHints)  # sequential after all
     runs = [[item for batch in DataLoader(ds, batch_size=16, sampler=sampler, num_workers=workers,
                                           collate_fn=collate_as_list) for item in batch]
             for sampler in (hints, quiet)]
