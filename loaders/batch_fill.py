@@ -145,6 +145,7 @@ def fill_decoded(reader: PackReader, positions: Sequence[int], payloads: Sequenc
     fast = None
     if crop is not None and chosen and out.is_contiguous(memory_format=torch.channels_last):
         fast = _CropFill(reader, chosen, crop, out, fast_jpeg and simplejpeg is not None, exif_transpose, fast_idct)
+        fast.fill_raw_squares()
     for k, view in enumerate(payloads):
         if fast is not None and fast.fill(k, view):
             continue
@@ -206,9 +207,44 @@ class _CropFill:
         # the compiled kernel (when built) resizes straight from the map or the decode buffer
         self.kernel = resize_kernel.available() and bool(self.slots) and interleaved(self.slots[0])
         self.scratch_at = self.scratch.ctypes.data
+        self.reader, self.positions, self.out = reader, np.asarray(positions, dtype=np.int64), out
+        self.done = np.zeros(len(positions), dtype=bool)  # filled by fill_raw_squares
+
+    def fill_raw_squares(self) -> None:
+        """Crop and resize every raw image of the batch that the compiled kernel takes, in one call
+        (one GIL release for all of them), straight from the memory map; ``fill`` then skips them.
+        Addresses come from the index: the part's map, the payload's offset, the square's; only
+        records whose stored length is their pixels' are taken (others go through ``fill``)."""
+        reader, size = self.reader, self.crop.size
+        wanted = [k for k, raw in enumerate(self.raw) if raw is not None]
+        if not self.kernel or not wanted:
+            return
+        rows = np.array(wanted, dtype=np.int64)
+        records = self.positions[rows]
+        entries = reader.entries
+        nbytes = np.array([self.raw[k][0] for k in wanted], dtype=np.int64)
+        sides = np.array([self.raw[k][1] for k in wanted], dtype=np.int64)
+        ok = (entries["payload_len"][records].astype(np.int64) == nbytes) & \
+            resize_kernel.squares_applicable(sides, size)
+        if not ok.any():
+            return
+        rows, records, sides = rows[ok], records[ok], sides[ok]
+        parts = entries["part"][records].astype(np.int64)
+        starts = entries["payload_offset"][records].astype(np.int64)
+        bases = {part: np.frombuffer(reader.part_view(part), np.uint8).ctypes.data for part in np.unique(parts).tolist()}
+        square_at = np.array([self.raw[k][2] for k in rows.tolist()], dtype=np.int64)
+        strides = np.array([self.raw[k][3] for k in rows.tolist()], dtype=np.int64)
+        sources = np.array([bases[part] for part in parts.tolist()], dtype=np.int64) + starts + square_at
+        out = self.out
+        dests = out.data_ptr() + rows * out.stride(0)
+        if resize_kernel.resize_squares(sources.astype(np.uint64), strides, sides, dests.astype(np.uint64),
+                                        out.stride(2), size):
+            self.done[rows] = True
 
     def fill(self, k: int, view: memoryview) -> bool:
         """Crop and resize image ``k`` into its slot; False if it must take the general route."""
+        if self.done[k]:
+            return True
         raw = self.raw[k]
         if raw is not None:
             nbytes, side, offset, stride = raw

@@ -48,6 +48,9 @@ def _load() -> tuple[Any, str | None]:
     lib.rs_resize.restype = int_
     lib.rs_resize.argtypes = [pointer, long, int_, int_, pointer, long, int_, int_, pointer, pointer, pointer,
                               ctypes.c_size_t]
+    lib.rs_resize_squares.restype = int_
+    lib.rs_resize_squares.argtypes = [int_, pointer, pointer, pointer, pointer, long, int_, pointer, pointer,
+                                      ctypes.c_size_t]
     lib.rs_level.restype = int_
     if lib.rs_level() < _AVX2:
         return None, "this CPU has no AVX2, where torch's resize is the faster one"
@@ -106,3 +109,41 @@ def resize_region(source: int, source_row_bytes: int, height: int, width: int, d
         if handle is not None and key not in _weights:  # built for this call only (the cache is full;
             _lib.rs_weights_free(handle)  # each call then builds its own, so none is freed twice)
     return True
+
+
+def squares_applicable(sides: np.ndarray, out_size: int) -> np.ndarray:
+    """Which squares of these sides ``resize_squares`` takes (the rest: ``resize_region``'s rules)."""
+    return (sides * 3 >= _MIN_ROW_BYTES) & (sides >= 2) & (sides <= _MAX_SHRINK * out_size)
+
+
+def resize_squares(sources: np.ndarray, source_row_bytes: np.ndarray, sides: np.ndarray, dests: np.ndarray,
+                   dest_row_bytes: int, out_size: int) -> bool:
+    """Resize many squares in one call (the GIL is given up once for all of them): square ``i`` of
+    ``sides[i]`` pixels at address ``sources[i]`` (rows ``source_row_bytes[i]`` apart) into the
+    ``out_size`` × ``out_size`` × 3 region at ``dests[i]``. Every square must pass
+    ``squares_applicable``. False, with nothing done, where the kernel is not available or more
+    square sizes came than its weights cache keeps (resize them one by one then)."""
+    count = len(sides)
+    if _lib is None or not count:
+        return _lib is not None
+    sides = np.ascontiguousarray(sides, dtype=np.int32)
+    handles = np.zeros(count, dtype=np.uint64)
+    for side in np.unique(sides).tolist():
+        handle = _weights_for(side, out_size)
+        if handle is not None and (side, out_size) not in _weights:
+            _lib.rs_weights_free(handle)
+            return False
+        handles[sides == side] = handle or 0
+    need = _lib.rs_scratch_bytes(int(sides.max()), out_size)
+    scratch = getattr(_scratch, "buffer", None)
+    if scratch is None or scratch.nbytes < need:
+        scratch = _scratch.buffer = np.empty(need, dtype=np.uint8)
+    sources = np.ascontiguousarray(sources, dtype=np.uint64)
+    rows = np.ascontiguousarray(source_row_bytes, dtype=np.int64)
+    dests = np.ascontiguousarray(dests, dtype=np.uint64)
+    done = _lib.rs_resize_squares(count, sources.ctypes.data, rows.ctypes.data, sides.ctypes.data, dests.ctypes.data,
+                                  dest_row_bytes, out_size, handles.ctypes.data, scratch.ctypes.data, scratch.nbytes)
+    if done != count:
+        raise ValueError(f"resize kernel refused square {done} ({int(sides[done])} pixels -> {out_size})")
+    return True
+

@@ -129,3 +129,43 @@ def test_center_crop_is_the_same_with_the_kernel_or_torch() -> None:
     assert np.array_equal(CenterCrop(224)(image), with_torch)
     top, left, side = CenterCrop(224).window(171, 256)
     assert np.array_equal(with_torch, torch_resize(image[top : top + side, left : left + side], 224, 224))
+
+
+@needs_kernel
+@pytest.mark.parametrize("backend", ["lmdb", "shards"])
+def test_a_raw_batch_resized_in_one_call_equals_torch(tmp_path, backend: str) -> None:
+    """Raw images of many sizes, cropped in one kernel call per batch straight from the map: each
+    slot equals torch's resize of the image's centred square (and the records the kernel cannot take,
+    a square 4 pixels wide and shrinks by more than 2x, still come out right through the per-image route)."""
+    from PIL import Image
+
+    from loaders import PackedImageFolder, batch_fill
+    from packer import EncodeOptions, pack
+
+    sizes = [(40, 30), (57, 64), (100, 75), (33, 120), (5, 40), (200, 160), (64, 64), (19, 23)]
+    for k, (width, height) in enumerate(sizes):
+        (tmp_path / "src" / "a").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(natural(height, width, k)).save(tmp_path / "src" / "a" / f"{k}.png")
+    dest = tmp_path / ("p.lmdb" if backend == "lmdb" else "p.shards")
+    pack(tmp_path / "src", dest, options=EncodeOptions(encoding="raw"), workers=1, progress=False, backend=backend)
+    ds = PackedImageFolder(dest)
+    crop = CenterCrop(32)
+    taken: list[int] = []
+    original = batch_fill._CropFill.fill_raw_squares
+
+    def counting(self) -> None:
+        original(self)
+        taken.append(int(self.done.sum()))
+
+    batch_fill._CropFill.fill_raw_squares = counting
+    try:
+        images, _ = ds.get_batch(list(range(len(ds))), channels_last=True, crop=crop)
+    finally:
+        batch_fill._CropFill.fill_raw_squares = original
+    sides = [crop.window(height, width)[2] for width, height in sizes]
+    assert taken == [sum(6 <= side <= 64 for side in sides)] and taken[0] >= 4  # not 4 px wide, nor shrunk > 2x
+    for k in range(len(ds)):
+        pixels = np.asarray(Image.open(tmp_path / "src" / "a" / f"{ds.path(k).split('/')[-1]}").convert("RGB"))
+        top, left, side = crop.window(*pixels.shape[:2])
+        want = torch_resize(pixels[top : top + side, left : left + side], 32, 32)
+        assert np.array_equal(images[k].permute(1, 2, 0).numpy(), want), ds.path(k)
