@@ -24,7 +24,7 @@ import numpy as np
 
 _AVX2 = 2  # rs_level(): the code path the kernel takes on this CPU
 _MIN_ROW_BYTES = 16  # the kernel reads up to 16 bytes past a source row's last pixel
-_WEIGHTS_KEPT = 4096  # (input, output) size pairs whose weights are kept
+_WEIGHTS_KEPT = 1024  # (input, output) size pairs whose weights are kept (10-20 KB each)
 # Shrinking by more than this, the kernel takes a general loop slower than torch's (a 600-pixel square
 # to 224: 572 against 279 µs); up to it, its fast loops are ~2x torch's speed (448 to 224: 98 against 188).
 _MAX_SHRINK = 2

@@ -169,3 +169,19 @@ def test_a_raw_batch_resized_in_one_call_equals_torch(tmp_path, backend: str) ->
         top, left, side = crop.window(*pixels.shape[:2])
         want = torch_resize(pixels[top : top + side, left : left + side], 32, 32)
         assert np.array_equal(images[k].permute(1, 2, 0).numpy(), want), ds.path(k)
+
+
+@needs_kernel
+def test_more_sizes_than_the_weights_cache_keeps(monkeypatch) -> None:
+    """Past the cache's capacity a single resize builds and frees its own weights (same pixels), and a
+    batch call declines, so its caller resizes one by one."""
+    monkeypatch.setattr(resize_kernel, "_weights", {})
+    monkeypatch.setattr(resize_kernel, "_WEIGHTS_KEPT", 0)
+    image = natural(150, 170, 9)
+    for _ in range(3):
+        assert np.array_equal(kernel_resize(image, 64, 80), torch_resize(image, 64, 80))
+    assert resize_kernel._weights == {}
+    out = np.empty((2, 32, 32, 3), np.uint8)
+    sides = np.array([40, 50])
+    assert not resize_kernel.resize_squares(np.array([image.ctypes.data] * 2, np.uint64), np.array([510, 510]), sides,
+                                            np.array([out.ctypes.data, out[1].ctypes.data], np.uint64), 96, 32)
