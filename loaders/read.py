@@ -268,6 +268,7 @@ class PackReader:
         self._fetcher: _ParallelFetcher | None = None  # set up by the first prefetch on network/FUSE storage
         self._fds: dict[int, int] = {}  # part (-1: the LMDB file) -> descriptor for the parallel reads
         self._chunk_offsets: dict[int, int] = {}  # LMDB chunk -> its offset in the file
+        self._chunk_table = np.full((2, 0), -1, np.int64)  # LMDB: offset and size of chunk i, -1 unknown
         self._overflows_checked = 0
         self._leaf_values: dict[bytes, tuple[int, int]] = {}  # LMDB key -> (file offset, size), see _overflow
         try:
@@ -359,6 +360,8 @@ class PackReader:
             raise PackFormatError(f"{self.path}: no index; the pack is damaged")
         self.entries, self.paths = decode_index(index, str(self.path))
         self.part_names = []
+        chunks = int(self.entries["part"].max()) + 1 if len(self.entries) else 0  # a damaged index's absurd
+        self._chunk_table = np.full((2, min(chunks, len(self.entries) + 1)), -1, np.int64)  # numbers: not here
 
     def _value(self, key: bytes, what: str) -> memoryview | None:
         """A value of the LMDB file as a view of the reader's own map (fetched ahead in one request
@@ -459,7 +462,22 @@ class PackReader:
             self._chunks.clear()
         self._chunks[part] = value
         self._chunk_offsets[part] = offset
+        if part < self._chunk_table.shape[1]:
+            self._chunk_table[:, part] = (offset, len(value))
         return value
+
+    def _chunk_spans(self, parts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(file offset, size) of LMDB chunk ``parts`` (an int64 array), each; -1 for a chunk that
+        cannot be located. A table lookup once located, for a batch's worth at a time."""
+        table = self._chunk_table
+        if len(parts) and int(parts.max()) < table.shape[1]:
+            found = table[:, parts]
+            if (found[0] >= 0).all():
+                return found[0], found[1]
+        self._locate_chunks(_distinct(parts).tolist())
+        listed = parts.tolist()
+        return (np.array([self._chunk_offsets.get(part, -1) for part in listed], np.int64),
+                np.array([len(self._chunk(part)) if part in self._chunk_offsets else -1 for part in listed], np.int64))
 
     def _overflow(self, name: bytes) -> tuple[int, int] | None:
         """(file offset, size) of the value of key ``name`` when LMDB stores it on overflow pages, read
@@ -575,9 +593,7 @@ class PackReader:
         than a view and then ``bytes(view)``), prefetched as :meth:`payloads` does."""
         positions, parts, starts, ends = self._spans(indices)
         if self.backend == "lmdb":  # chunk offsets within the file, for slicing the reader's map of it
-            for part in _distinct(parts).tolist():
-                self._chunk(part)
-            base = np.array([self._chunk_offsets[part] for part in parts.tolist()], dtype=np.int64)
+            base = self._chunk_spans(parts)[0]  # all located by _spans
             starts, ends = starts + base, ends + base
         if self.backend == "lmdb" or (len(parts) and (parts == parts[0]).all()):
             mapped = self._maps[-1] if self.backend == "lmdb" else self._shard(int(parts[0]))
@@ -601,8 +617,12 @@ class PackReader:
         ends = starts + entries["payload_len"][positions].astype(np.int64)
         if len(positions) > 1:
             self._prefetch(positions, parts, ends)
-        if len(parts) and (parts == parts[0]).all():
-            sizes: int | np.ndarray = self._part_size(int(parts[0]))
+        if self.backend == "lmdb" and len(parts):
+            sizes: int | np.ndarray = self._chunk_spans(parts)[1]
+            if (sizes < 0).any():  # a chunk that is not there: the error that names it
+                self._part_size(int(parts[np.flatnonzero(sizes < 0)[0]]))
+        elif len(parts) and (parts == parts[0]).all():
+            sizes = self._part_size(int(parts[0]))
         else:
             known = {part: self._part_size(part) for part in _distinct(parts).tolist()}
             sizes = np.array([known[part] for part in parts.tolist()], dtype=np.int64)
@@ -729,10 +749,7 @@ class PackReader:
         distinct = _distinct(parts)
         listed = distinct.tolist()
         if self.backend == "lmdb":
-            self._locate_chunks(listed)
-            known = [part in self._chunk_offsets for part in listed]
-            sizes = np.array([self._part_size(p) if ok else -1 for p, ok in zip(listed, known, strict=True)], np.int64)
-            bases = np.array([self._chunk_offsets.get(part, 0) for part in listed], np.int64)
+            bases, sizes = self._chunk_spans(distinct)
             fds = [self._fd(-1)] * len(listed)
         else:
             for part in listed:  # map each shard and read its header now: behind the ranges about to
