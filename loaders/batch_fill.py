@@ -29,7 +29,7 @@ from packer.format import FORMAT_CODE, PAYLOAD_FORMATS
 from . import resize_kernel
 from .crop import CenterCrop, interleaved, resize
 from .decode import DECODE_ERRORS, decode_array, decode_failure, raw_array, simplejpeg
-from .read import PackReader
+from .read import PackReader, _distinct
 
 Replace = Callable[[int, Exception], tuple[int, memoryview]]
 _FEW_PARTS = 8  # above this many parts in one batch, a per-record loop beats one gather per part
@@ -188,9 +188,10 @@ class _CropFill:
         if exif_transpose:
             raw &= entries["orientation"] == 0
         # raw: (payload bytes, side, byte offset of the square, row stride), or None for the general route
-        self.raw = [(h * w * 3, side, ((h - side) // 2 * w + (w - side) // 2) * 3, w * 3) if ok else None
-                    for ok, h, w, side in zip(raw.tolist(), heights.tolist(), widths.tolist(), sides.tolist(),
-                                              strict=True)]
+        self.raw_columns = (raw, heights * widths * 3, sides, ((heights - sides) // 2 * widths + (widths - sides) // 2) * 3,
+                            widths * 3)
+        self.raw = [columns[1:] if columns[0] else None
+                    for columns in zip(*(column.tolist() for column in self.raw_columns), strict=True)]
         jpegs = np.isin(entries["format"], [FORMAT_CODE["JPEG"], FORMAT_CODE["MPO"]])
         jpegs &= np.isin(entries["mode"], [b"RGB", b"L"]) & jpeg
         if Image.MAX_IMAGE_PIXELS:  # a possible decompression bomb takes the general route (a clear error)
@@ -216,29 +217,27 @@ class _CropFill:
         Addresses come from the index: the part's map, the payload's offset, the square's; only
         records whose stored length is their pixels' are taken (others go through ``fill``)."""
         reader, size = self.reader, self.crop.size
-        wanted = [k for k, raw in enumerate(self.raw) if raw is not None]
-        if not self.kernel or not wanted:
+        raw, nbytes, sides, square_at, row_bytes = self.raw_columns
+        rows = np.flatnonzero(raw)
+        if not self.kernel or not len(rows):
             return
-        rows = np.array(wanted, dtype=np.int64)
         records = self.positions[rows]
         entries = reader.entries
-        nbytes = np.array([self.raw[k][0] for k in wanted], dtype=np.int64)
-        sides = np.array([self.raw[k][1] for k in wanted], dtype=np.int64)
-        ok = (entries["payload_len"][records].astype(np.int64) == nbytes) & \
-            resize_kernel.squares_applicable(sides, size)
+        ok = (entries["payload_len"][records].astype(np.int64) == nbytes[rows]) & \
+            resize_kernel.squares_applicable(sides[rows], size)
         if not ok.any():
             return
-        rows, records, sides = rows[ok], records[ok], sides[ok]
+        rows, records = rows[ok], records[ok]
         parts = entries["part"][records].astype(np.int64)
-        starts = entries["payload_offset"][records].astype(np.int64)
-        bases = {part: np.frombuffer(reader.part_view(part), np.uint8).ctypes.data for part in np.unique(parts).tolist()}
-        square_at = np.array([self.raw[k][2] for k in rows.tolist()], dtype=np.int64)
-        strides = np.array([self.raw[k][3] for k in rows.tolist()], dtype=np.int64)
-        sources = np.array([bases[part] for part in parts.tolist()], dtype=np.int64) + starts + square_at
+        distinct = _distinct(parts)
+        bases = np.array([np.frombuffer(reader.part_view(part), np.uint8).ctypes.data for part in distinct.tolist()],
+                         dtype=np.int64)
+        sources = bases[np.searchsorted(distinct, parts)] + entries["payload_offset"][records].astype(np.int64) \
+            + square_at[rows]
         out = self.out
         dests = out.data_ptr() + rows * out.stride(0)
-        if resize_kernel.resize_squares(sources.astype(np.uint64), strides, sides, dests.astype(np.uint64),
-                                        out.stride(2), size):
+        if resize_kernel.resize_squares(sources.astype(np.uint64), row_bytes[rows], sides[rows],
+                                        dests.astype(np.uint64), out.stride(2), size):
             self.done[rows] = True
 
     def fill(self, k: int, view: memoryview) -> bool:

@@ -75,6 +75,16 @@ def _distinct(values: np.ndarray) -> np.ndarray:
     return values[np.concatenate([[True], values[1:] != values[:-1]])] if len(values) else values
 
 
+def _cut(source: Callable[[int], Any], parts: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[Any]:
+    """``source(part)[start:end]`` for each record: views of memoryviews, bytes of memory maps."""
+    if len(parts) and (parts == parts[0]).all():  # the common case: one shard or chunk
+        whole = source(int(parts[0]))
+        return [whole[start:end] for start, end in zip(starts.tolist(), ends.tolist(), strict=True)]
+    sources = {part: source(part) for part in _distinct(parts).tolist()}
+    return [sources[part][start:end] for part, start, end in zip(parts.tolist(), starts.tolist(), ends.tolist(),
+                                                                   strict=True)]
+
+
 def _distinct_first(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The distinct values, sorted, and where each first occurs in ``values``."""
     order = np.argsort(values, kind="stable")
@@ -577,13 +587,7 @@ class PackReader:
         """Payloads of several records as zero-copy views, prefetching each contiguous run of them
         in one request. Looks the whole batch up in the index at once (no per-record numpy calls)."""
         positions, parts, starts, ends = self._spans(indices)
-        if len(parts) and (parts == parts[0]).all():  # the common case: one shard or chunk
-            view = self.part_view(int(parts[0]))
-            out = [view[start:end] for start, end in zip(starts.tolist(), ends.tolist(), strict=True)]
-        else:
-            views = {part: self.part_view(part) for part in _distinct(parts).tolist()}
-            out = [views[part][start:end]
-                   for part, start, end in zip(parts.tolist(), starts.tolist(), ends.tolist(), strict=True)]
+        out = _cut(self.part_view, parts, starts, ends)
         if verify:
             self._verify(positions, out)
         return out
@@ -592,16 +596,11 @@ class PackReader:
         """Payloads of several records as ``bytes`` (one copy each, straight from the map: cheaper
         than a view and then ``bytes(view)``), prefetched as :meth:`payloads` does."""
         positions, parts, starts, ends = self._spans(indices)
-        if self.backend == "lmdb":  # chunk offsets within the file, for slicing the reader's map of it
-            base = self._chunk_spans(parts)[0]  # all located by _spans
-            starts, ends = starts + base, ends + base
-        if self.backend == "lmdb" or (len(parts) and (parts == parts[0]).all()):
-            mapped = self._maps[-1] if self.backend == "lmdb" else self._shard(int(parts[0]))
-            out = [mapped[start:end] for start, end in zip(starts.tolist(), ends.tolist(), strict=True)]
+        if self.backend == "lmdb":  # offsets within the file (chunks all located by _spans): one map
+            base = self._chunk_spans(parts)[0]
+            out = _cut(lambda _: self._maps[-1], np.zeros_like(parts), starts + base, ends + base)
         else:
-            maps = {part: self._shard(part) for part in _distinct(parts).tolist()}
-            out = [maps[part][start:end]
-                   for part, start, end in zip(parts.tolist(), starts.tolist(), ends.tolist(), strict=True)]
+            out = _cut(self._shard, parts, starts, ends)
         if verify:
             self._verify(positions, out)
         return out

@@ -86,6 +86,16 @@ def _weights_for(size_in: int, size_out: int) -> int | None:
     return handle
 
 
+def _scratch_for(height: int, out_width: int) -> np.ndarray:
+    """This thread's scratch for resizing ``height`` rows to ``out_width`` columns (kept, grown as
+    needed: one per thread, freed with it)."""
+    need = _lib.rs_scratch_bytes(height, out_width)
+    scratch = getattr(_scratch, "buffer", None)
+    if scratch is None or scratch.nbytes < need:
+        scratch = _scratch.buffer = np.empty(need, dtype=np.uint8)
+    return scratch
+
+
 def resize_region(source: int, source_row_bytes: int, height: int, width: int, dest: int, dest_row_bytes: int,
                   out_height: int, out_width: int) -> bool:
     """Resize the ``height`` × ``width`` × 3 uint8 region at address ``source`` (rows
@@ -97,10 +107,7 @@ def resize_region(source: int, source_row_bytes: int, height: int, width: int, d
             or width > _MAX_SHRINK * out_width or height > _MAX_SHRINK * out_height:
         return False
     horizontal, vertical = _weights_for(width, out_width), _weights_for(height, out_height)
-    need = _lib.rs_scratch_bytes(height, out_width)
-    scratch = getattr(_scratch, "buffer", None)
-    if scratch is None or scratch.nbytes < need:
-        scratch = _scratch.buffer = np.empty(need, dtype=np.uint8)  # one per thread, freed with it
+    scratch = _scratch_for(height, out_width)
     status = _lib.rs_resize(source, source_row_bytes, height, width, dest, dest_row_bytes, out_height, out_width,
                             horizontal, vertical, scratch.ctypes.data, scratch.nbytes)
     if status:
@@ -134,10 +141,7 @@ def resize_squares(sources: np.ndarray, source_row_bytes: np.ndarray, sides: np.
             _lib.rs_weights_free(handle)
             return False
         handles[sides == side] = handle or 0
-    need = _lib.rs_scratch_bytes(int(sides.max()), out_size)
-    scratch = getattr(_scratch, "buffer", None)
-    if scratch is None or scratch.nbytes < need:
-        scratch = _scratch.buffer = np.empty(need, dtype=np.uint8)
+    scratch = _scratch_for(int(sides.max()), out_size)
     sources = np.ascontiguousarray(sources, dtype=np.uint64)
     rows = np.ascontiguousarray(source_row_bytes, dtype=np.int64)
     dests = np.ascontiguousarray(dests, dtype=np.uint64)
