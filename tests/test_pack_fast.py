@@ -165,7 +165,7 @@ def test_appender_survives_short_writes(tmp_path, monkeypatch):
 
     monkeypatch.setattr(append_file.os, "writev", short)
     pieces = [os.urandom(n) for n in (100, 20000, 0, 9000, 1, 70000) * 5]
-    appender = append_file.HashingAppender(tmp_path / "f")
+    appender = append_file.HashingAppender(tmp_path / "f", direct=False)  # the page-cache path
     for piece in pieces:
         appender.write(piece)
     digest = appender.close()
@@ -254,9 +254,29 @@ def test_max_side_pack_on_threads(tmp_path):
         (src / f"c{k % 2}" / f"{k}.jpg").write_bytes(_jpeg(textured_rgb(size, seed=k)))
     for encoding in ("jpeg", "raw"):
         options = EncodeOptions(encoding=encoding, max_side=200)
-        assert use_threads(options)
+        assert use_threads(options, scan_folder(src).samples)
         dst = tmp_path / f"{encoding}.shards"
         pack(src, dst, options=options, workers=2, progress=False)
         ds = PackedImageFolder(dst, output="numpy")
         got = sorted(ds[i][0].shape[:2] for i in range(len(ds)))
         assert got == sorted([(150, 200), (200, 150), (80, 100), (31, 200)])
+
+
+@needs_simplejpeg
+def test_png_sources_are_reencoded_in_processes(tmp_path, monkeypatch):
+    """PIL decodes PNGs holding the GIL: re-encoding a folder of mostly PNGs goes to processes, a
+    folder of mostly JPEGs to threads, and the pack is the same either way."""
+    pngs = [Sample(f"c/{k}.png", 0) for k in range(30)]
+    jpegs = [Sample(f"c/{k}.JPG", 0) for k in range(30)]
+    raw = EncodeOptions(encoding="raw")
+    assert not use_threads(raw, pngs) and not use_threads(raw, pngs + jpegs[:10])
+    assert use_threads(raw, jpegs) and use_threads(raw, jpegs + pngs)
+    assert use_threads(EncodeOptions(), pngs)  # keep: reading and checking only
+    make_image_folder(tmp_path / "src", classes=("a", "b"), per_class=6, seed=8)
+    packs = {}
+    for name, threads in (("processes", False), ("threads", True)):
+        monkeypatch.setattr(pipeline, "use_threads", lambda options, samples=(), threads=threads: threads)
+        pack(tmp_path / "src", tmp_path / f"{name}.shards", options=raw, workers=2, progress=False)
+        ds = PackedImageFolder(tmp_path / f"{name}.shards", output="bytes")
+        packs[name] = [ds[i] for i in range(len(ds))]
+    assert packs["processes"] == packs["threads"] and len(packs["threads"]) == 12

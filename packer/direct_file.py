@@ -1,0 +1,136 @@
+"""Write a new file with ``O_DIRECT``: bytes go from one aligned buffer to the disk, not through the
+page cache.
+
+Written through the page cache, every byte of a pack costs the kernel a copy into freshly allocated
+cache pages: for 2.9 GB of raw pixels, 2-5 s of CPU on two cores, a fifth of the whole pack's time.
+A pack is written once and read later (often on another machine), so caching it buys nothing, and
+it pushes the user's own files out of the cache. Here each byte is copied once, in user space (numpy,
+GIL released), into a page-aligned staging buffer, and whole 4 KiB blocks go to the disk from there.
+The file's last partial block is written padded with zeros, and the file cut back to its true length
+(on ``expose`` for a checkpoint and on ``close``), so nothing is ever read or written through the
+page cache and the file's bytes are exactly those appended.
+
+Where the file system refuses ``O_DIRECT`` (tmpfs on older kernels, some FUSE and network file
+systems), ``DirectAppender.open`` returns None and the caller writes through the page cache as
+before; a file system that accepts the flag but refuses the writes is switched back to plain writes
+on the spot, with nothing lost.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import mmap
+import os
+from pathlib import Path
+
+import numpy as np
+
+ALIGN = 4096  # O_DIRECT needs offsets, lengths and addresses aligned to the device's block size (≤ 4 KiB)
+STAGE = 8 << 20  # bytes staged before they are written (a multiple of ALIGN)
+_O_DIRECT = getattr(os, "O_DIRECT", 0)
+
+
+class DirectAppender:
+    """Appends bytes to a new file with ``O_DIRECT``, from one thread; ``close`` when done."""
+
+    def __init__(self, fd: int, stage_bytes: int = STAGE) -> None:
+        self._fd = fd
+        self._stage = mmap.mmap(-1, stage_bytes + ALIGN)  # anonymous memory: page-aligned
+        self._buffer = np.frombuffer(self._stage, dtype=np.uint8)
+        self._capacity = stage_bytes
+        self._fill = 0  # bytes staged, not yet written in whole blocks
+        self._base = 0  # file offset of the stage's first byte (a multiple of ALIGN)
+        self.direct = True  # False once the file system refused an O_DIRECT write
+
+    @classmethod
+    def open(cls, path: Path) -> DirectAppender | None:
+        """A new, empty file at ``path`` opened for direct writes, or None where the platform or the
+        file system does not take them (the caller then writes as usual)."""
+        if not _O_DIRECT:
+            return None
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | _O_DIRECT, 0o666)
+        except OSError as exc:
+            if exc.errno == errno.EINVAL:
+                return None
+            raise
+        return cls(fd)
+
+    @property
+    def size(self) -> int:
+        """Bytes appended so far."""
+        return self._base + self._fill
+
+    def write(self, data: bytes | bytearray | memoryview | np.ndarray) -> None:
+        """Append ``data`` (copied: the caller may reuse it afterwards)."""
+        source = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data.reshape(-1)
+        at = 0
+        while at < len(source):
+            take = min(self._capacity - self._fill, len(source) - at)
+            self._buffer[self._fill : self._fill + take] = source[at : at + take]
+            self._fill += take
+            at += take
+            if self._fill == self._capacity:
+                self._write_blocks()
+
+    def _write_blocks(self) -> None:
+        """Write the staged whole blocks; keep the partial last one staged, at the start."""
+        whole = self._fill - self._fill % ALIGN
+        if not whole:
+            return
+        self._pwrite(whole)
+        rest = self._fill - whole  # < ALIGN <= whole: the move below cannot overlap
+        self._buffer[:rest] = self._buffer[whole : self._fill]
+        self._base += whole
+        self._fill = rest
+
+    def _pwrite(self, length: int) -> None:
+        """Write ``length`` staged bytes at the stage's file offset (all of them, or raise)."""
+        done = 0
+        while done < length:
+            try:
+                written = os.pwrite(self._fd, self._buffer[done:length], self._base + done)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL or not self.direct:
+                    raise
+                self._plain_writes()  # O_DIRECT taken at open, refused here: go on through the cache
+                continue
+            if written <= 0:
+                raise OSError(errno.EIO, "write made no progress")
+            done += written
+
+    def _plain_writes(self) -> None:
+        flags = fcntl.fcntl(self._fd, fcntl.F_GETFL)
+        fcntl.fcntl(self._fd, fcntl.F_SETFL, flags & ~_O_DIRECT)
+        self.direct = False
+
+    def _write_tail(self) -> None:
+        """Write whole blocks, then the partial last one padded with zeros, and cut the file back to
+        its true length; the tail stays staged, so later appends rewrite its block."""
+        self._write_blocks()
+        if not self._fill:
+            return
+        padded = -(-self._fill // ALIGN) * ALIGN if self.direct else self._fill
+        self._buffer[self._fill : padded] = 0
+        self._pwrite(padded)
+        os.ftruncate(self._fd, self._base + self._fill)
+
+    def expose(self) -> None:
+        """Make every byte appended so far part of the file (a checkpoint: survives the process)."""
+        self._write_tail()
+
+    def close(self) -> None:
+        """Write everything and close the file (no fsync: the caller decides when to sync)."""
+        try:
+            self._write_tail()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        os.close(self._fd)
+        self._buffer = np.empty(0, dtype=np.uint8)
+        try:
+            self._stage.close()
+        except BufferError:  # a view still held (by a traceback): the map goes with the last of them
+            pass
