@@ -275,6 +275,7 @@ class PackReader:
         self._chunks: dict[int, memoryview] = {}  # LMDB chunk -> its value (see _chunk)
         self.closed = False
         self._advised: set[int] = set()  # pieces already asked for (see _prefetch)
+        self._asked: np.ndarray | None = None  # per record: all its pieces asked for (see _prefetch)
         self._fetcher: _ParallelFetcher | None = None  # set up by the first prefetch on network/FUSE storage
         self._fds: dict[int, int] = {}  # part (-1: the LMDB file) -> descriptor for the parallel reads
         self._chunk_offsets: dict[int, int] = {}  # LMDB chunk -> its offset in the file
@@ -578,6 +579,8 @@ class PackReader:
         """``indices`` as record numbers in 0..records-1 (negative ones count from the end), checked
         all at once; IndexError names the first one out of range."""
         positions = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if not len(positions) or (positions.min() >= 0 and positions.max() < self.records):
+            return positions  # the common case, checked with two reductions and no copy
         bad = (positions < -self.records) | (positions >= self.records)
         if bad.any():
             raise IndexError(f"record {int(positions[bad][0])} out of range: the pack has {self.records} records")
@@ -647,10 +650,19 @@ class PackReader:
         positioned reads on network and FUSE storage (:class:`_ParallelFetcher`). Every run is
         fetched, small ones too, so a batch's requests overlap where page faults would wait one
         round trip each (README, "Slow storage"). A batch whose pieces were all asked for already
-        (most batches of a sampler window) costs a few numpy calls and one set difference.
-        ``parts`` and ``ends`` (where each payload ends) are the caller's, as int64."""
+        (most batches of a sampler window) costs one lookup in a per-record table (a byte per
+        record). ``parts`` and ``ends`` (where each payload ends) are the caller's, as int64."""
+        if self._asked is None:
+            self._asked = np.zeros(self.records, dtype=bool)
+        elif self._asked[positions].all():
+            return  # every piece of these records was asked for already
         if self._fetcher is None:
             self._fetcher = _ParallelFetcher() if parallel_reads(self.path) else _ParallelFetcher(0)
+        self._prefetch_pieces(positions, parts, ends)
+        self._asked[positions] = True
+
+    def _prefetch_pieces(self, positions: np.ndarray, parts: np.ndarray, ends: np.ndarray) -> None:
+        """``_prefetch``'s work: the pieces of these records not asked for yet, asked for."""
         entries = self.entries
         starts = np.maximum(entries["record_offset"][positions].astype(np.int64), 0)  # a damaged offset must not
         keep = (ends > starts) & (ends - starts <= _PREFETCH_RECORD_LIMIT)  # make a huge range, nor a damaged
@@ -684,6 +696,7 @@ class PackReader:
             return  # asked for already: the kernel has it or is reading it
         if len(self._advised) > _ADVISED_LIMIT:  # the cache may have dropped early ones: ask again later
             self._advised.clear()
+            self._asked[:] = False
         wanted = np.array(fresh, dtype=bool)
         self._advised.update(distinct[wanted].tolist())
         keys, rows = distinct[wanted], rows[first_at[wanted]]
@@ -739,6 +752,9 @@ class PackReader:
         ranges = self._file_ranges(parts[run_starts], starts[run_starts], run_stops)
         for fd, offset, length in ranges:
             os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+        if self._asked is None:
+            self._asked = np.zeros(self.records, dtype=bool)
+        self._asked[positions] = True  # a batch of them need not ask again (see _prefetch)
         return sum(length for _, _, length in ranges)
 
     def _file_ranges(self, parts: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> list[tuple[int, int, int]]:

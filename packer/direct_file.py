@@ -10,25 +10,57 @@ The file's last partial block is written padded with zeros, and the file cut bac
 (on ``expose`` for a checkpoint and on ``close``), so nothing is ever read or written through the
 page cache and the file's bytes are exactly those appended.
 
-Where the file system refuses ``O_DIRECT`` (tmpfs on older kernels, some FUSE and network file
-systems), ``DirectAppender.open`` returns None and the caller writes through the page cache as
-before; a file system that accepts the flag but refuses the writes is switched back to plain writes
-on the spot, with nothing lost.
+Only on local disk file systems (ext4, XFS, Btrfs, F2FS, ZFS, bcachefs, overlays of them): on
+network and FUSE file systems a direct write waits for the far side, and on tmpfs the page cache is
+the storage. Elsewhere, and where the file system refuses ``O_DIRECT`` at open,
+``DirectAppender.open`` returns None and the caller writes through the page cache as before; a file
+system that accepts the flag but refuses the writes is switched back to plain writes on the spot,
+with nothing lost.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import errno
 import fcntl
 import mmap
 import os
+import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 ALIGN = 4096  # O_DIRECT needs offsets, lengths and addresses aligned to the device's block size (≤ 4 KiB)
 STAGE = 8 << 20  # bytes staged before they are written (a multiple of ALIGN)
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
+# statfs f_type of local disk file systems: ext2/3/4, XFS, Btrfs, F2FS, ZFS, bcachefs, overlayfs
+LOCAL_DISK_FS = frozenset((0xEF53, 0x58465342, 0x9123683E, 0xF2F52010, 0x2FC12FC1, 0xCA451A4E, 0x794C7630))
+
+
+def _load_statfs() -> Any:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        function = libc.statfs
+    except (OSError, AttributeError):  # not Linux/glibc: no direct writes
+        return None
+    function.argtypes = [ctypes.c_char_p, ctypes.c_void_p]
+    function.restype = ctypes.c_int
+    return function
+
+
+_statfs = _load_statfs()
+
+
+def filesystem_type(path: Path) -> int | None:
+    """The ``statfs`` magic number of the file system holding ``path`` (a folder), or None."""
+    if _statfs is None:
+        return None
+    buffer = ctypes.create_string_buffer(512)  # struct statfs is 120 bytes on 64-bit Linux
+    if _statfs(os.fsencode(path), buffer) != 0:
+        return None
+    return int.from_bytes(buffer.raw[: ctypes.sizeof(ctypes.c_long)], sys.byteorder) & 0xFFFFFFFF
 
 
 class DirectAppender:
@@ -47,7 +79,7 @@ class DirectAppender:
     def open(cls, path: Path) -> DirectAppender | None:
         """A new, empty file at ``path`` opened for direct writes, or None where the platform or the
         file system does not take them (the caller then writes as usual)."""
-        if not _O_DIRECT:
+        if not _O_DIRECT or filesystem_type(Path(path).parent) not in LOCAL_DISK_FS:
             return None
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | _O_DIRECT, 0o666)

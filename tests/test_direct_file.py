@@ -126,3 +126,19 @@ def test_packs_written_direct_read_back(tmp_path):
     for part in reader.manifest["parts"]:
         data = (tmp_path / "out.shards" / part["name"]).read_bytes()
         assert len(data) == part["size"] and hashlib.sha256(data).hexdigest() == part["sha256"]
+
+
+def test_only_local_disk_file_systems_write_direct(tmp_path, monkeypatch):
+    """Network, FUSE and tmpfs file systems keep the page cache (a direct write there waits for the
+    far side, or the cache is the storage)."""
+    if direct_file.filesystem_type(tmp_path) not in direct_file.LOCAL_DISK_FS:
+        assert DirectAppender.open(tmp_path / "f") is None
+        pytest.skip(f"{tmp_path} is not on a local disk file system")
+    assert direct_file.filesystem_type(tmp_path / "missing") is None
+    for magic in (0x65735546, 0x6969, 0x01021994):  # FUSE, NFS, tmpfs
+        monkeypatch.setattr(direct_file, "filesystem_type", lambda path, magic=magic: magic)
+        assert DirectAppender.open(tmp_path / "f") is None
+        appender = append_file.HashingAppender(tmp_path / "f")
+        appender.write(b"abc")
+        appender.close()
+        assert (tmp_path / "f").read_bytes() == b"abc"

@@ -432,6 +432,28 @@ def test_prefetching_sampler_reads_the_same_bytes(small_packs: dict[str, Path], 
 
 
 @pytest.mark.parametrize("backend", ["lmdb", "shards"])
+def test_batches_ask_once_for_records_announced_or_fetched(small_packs: dict[str, Path], backend: str,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch works out which pieces to ask the storage for only when some of its records were
+    not asked for yet (by an earlier batch, or by the sampler's announcement): later batches over
+    the same records cost one table lookup, and read the same bytes."""
+    from loaders.read import PackReader
+
+    with PackReader(small_packs[backend]) as reader:
+        worked = []
+        real = reader._prefetch_pieces
+        monkeypatch.setattr(reader, "_prefetch_pieces", lambda *args: worked.append(len(args[0])) or real(*args))
+        first = [bytes(p) for p in reader.payload_bytes([3, 4, 5, 9])]
+        assert worked == [4]
+        assert [bytes(p) for p in reader.payload_bytes([9, 5, 4, 3])] == first[::-1] and worked == [4]
+        reader.payload_bytes([9, 10])  # one record not asked for yet
+        assert worked == [4, 2]
+        reader.advise(np.arange(20, 40))  # announced (local disk): batches of them need not ask
+        reader.payload_bytes(list(range(20, 40, 3)))
+        assert worked == [4, 2]
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "shards"])
 @pytest.mark.parametrize("workers", [0, 2])
 def test_dataset_sampler_announces_through_the_datasets_reader(small_packs: dict[str, Path], backend: str,
                                                                workers: int) -> None:
