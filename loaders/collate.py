@@ -56,17 +56,26 @@ def collate_encoded(batch: Sequence[tuple[bytes | memoryview, Any]],
     """Collate ``(encoded bytes, label)`` pairs (``output="bytes"``) into one flat uint8 tensor,
     ``B+1`` int64 offsets and ``B`` int64 labels: record ``i`` is ``data[offsets[i]:offsets[i+1]]``.
 
-    One tensor crosses from a worker to the training process instead of B pickled byte strings;
-    it suits decoding on the GPU (for example nvJPEG) from the encoded bytes.
+    One tensor's memory crosses from a worker to the training process instead of B pickled byte
+    strings: the three are views of one buffer (offsets, labels, then the bytes), since each
+    separate tensor costs a shared-memory segment and a file descriptor passed between processes
+    (three of them made a DataLoader of small batches 2-3x slower). It suits decoding on the GPU
+    (for example nvJPEG) from the encoded bytes.
     """
     if not batch:
         raise ValueError("cannot collate an empty batch")
-    sizes = np.fromiter((len(payload) for payload, _ in batch), dtype=np.int64, count=len(batch))
-    offsets = np.zeros(len(batch) + 1, dtype=np.int64)
-    np.cumsum(sizes, out=offsets[1:])
-    joined = bytearray().join(payload for payload, _ in batch)  # one copy of every payload, in C
-    data = torch.frombuffer(joined, dtype=torch.uint8) if joined else torch.empty(0, dtype=torch.uint8)
-    labels = torch.tensor([int(label) for _, label in batch], dtype=torch.int64)
-    if pin_memory and torch.cuda.is_available():
-        return data.pin_memory(), torch.from_numpy(offsets).pin_memory(), labels.pin_memory()
-    return data, torch.from_numpy(offsets), labels
+    count = len(batch)
+    sizes = np.fromiter((len(payload) for payload, _ in batch), dtype=np.int64, count=count)
+    head = (2 * count + 1) * 8  # offsets and labels, 8-byte aligned at the buffer's start
+    buffer = torch.empty(head + int(sizes.sum()), dtype=torch.uint8,
+                         pin_memory=pin_memory and torch.cuda.is_available())
+    offsets = buffer[: (count + 1) * 8].view(torch.int64)
+    labels = buffer[(count + 1) * 8 : head].view(torch.int64)
+    data = buffer[head:]
+    offsets_np = offsets.numpy()
+    offsets_np[0] = 0
+    np.cumsum(sizes, out=offsets_np[1:])
+    labels.numpy()[:] = [int(label) for _, label in batch]
+    if len(data):
+        data.numpy()[:] = np.frombuffer(b"".join(payload for payload, _ in batch), dtype=np.uint8)
+    return data, offsets, labels
