@@ -222,6 +222,47 @@ def run(data: Path, work: Path, repeats: int, epochs: int, log: Callable[[str], 
     return results
 
 
+def run_writes(data: Path, work: Path, repeats: int, log: Callable[[str], None] = print, *,
+               cases: tuple[str, ...] = CASES) -> dict[str, Any]:
+    """Write every case with both libraries, ``repeats`` rounds, the order alternating from round to
+    round; each output is removed once measured (raw packs take gigabytes). No reads."""
+    ffcv_missing = ffcv_peer.unavailable()
+    results: dict[str, Any] = {"ffcv": ffcv_missing or f"ffcv {ffcv_peer.version()}", "writes": []}
+    scratch = work / "writes"
+    scratch.mkdir(parents=True, exist_ok=True)
+    chosen = [case for key, case in zip(CASES, _cases(data, scratch), strict=True) if key in cases]
+    figures = {case["name"]: {"packload": [], "ffcv": []} for case in chosen}
+    for round_ in range(repeats):
+        for case in chosen:
+            writers = ["packload"] + ([] if ffcv_missing else ["ffcv"])
+            for who in writers if round_ % 2 == 0 else writers[::-1]:
+                if who == "packload":
+                    out = in_child(functools.partial(_write_packload, case["source"], case["pack"], case["options"]),
+                                   timeout=1800)
+                    shutil.rmtree(case["pack"], ignore_errors=True)
+                else:
+                    mode, resolution = case["ffcv"]
+                    out = in_child(functools.partial(_write_ffcv, case["source"], case["beton"], mode, resolution),
+                                   timeout=1800)
+                    case["beton"].unlink(missing_ok=True)
+                figures[case["name"]][who].append(out["seconds"])
+                log(f"  round {round_ + 1}: {case['name']}: {who} {out['seconds']:.1f} s")
+    for name, times in figures.items():
+        ratios = [ours / theirs for ours, theirs in zip(times["packload"], times["ffcv"], strict=False)]
+        results["writes"].append({"name": name, "packload_s": times["packload"], "ffcv_s": times["ffcv"],
+                                  "ratios": ratios})
+    return results
+
+
+def writes_markdown(results: dict[str, Any]) -> str:
+    """One row per case: each round's seconds and packload ÷ FFCV."""
+    rows = [[w["name"], " ".join(f"{t:.1f}" for t in w["packload_s"]), " ".join(f"{t:.1f}" for t in w["ffcv_s"]),
+             " ".join(f"{r:.2f}" for r in w["ratios"]) or "–"] for w in results["writes"]]
+    return "\n".join([f"FFCV: {results['ffcv']}.", "",
+                      report.table(["case", "packload s, per round", "FFCV s, per round", "packload ÷ FFCV"], rows),
+                      ""])
+
+
 def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     rates = [r["images_per_s"] for r in runs if "images_per_s" in r]
     stats: dict[str, Any] = harness.summarize(rates) if rates else {"n": 0, "median": None}
@@ -276,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reuse", action="store_true",
                    help="read packs and .beton files already in the work folder instead of writing them again "
                         "(no write figures then)")
+    p.add_argument("--writes-only", action="store_true",
+                   help="time the writes only, --repeats rounds with the order alternating (outputs removed)")
     args = p.parse_args(argv)
     cases, loaders = tuple(args.cases.split(",")), tuple(args.loaders.split(","))
     unknown = sorted((set(cases) - set(CASES)) | (set(loaders) - set(LOADERS)))
@@ -288,15 +331,19 @@ def main(argv: list[str] | None = None) -> int:
                   f"{args.data / name}`", file=sys.stderr)
             return 2
     started = _dt.datetime.now(_dt.timezone.utc)
-    results = run(args.data, args.work or args.out / "work", args.repeats, args.epochs, cases=cases, loaders=loaders,
-                  reuse=args.reuse)
+    work = args.work or args.out / "work"
+    if args.writes_only:
+        results, name, render = run_writes(args.data, work, args.repeats, cases=cases), "crown-writes", writes_markdown
+    else:
+        results = run(args.data, work, args.repeats, args.epochs, cases=cases, loaders=loaders, reuse=args.reuse)
+        name, render = "crown", markdown
     results["command"] = "python " + " ".join(shlex.quote(a) for a in ["benchmarks/bench_crown.py", *sys.argv[1:]])
     results["date"] = started.strftime("%Y-%m-%d %H:%M UTC")
     results["machine"] = machine.describe(args.data)
     args.out.mkdir(parents=True, exist_ok=True)
-    report.write_json(results, args.out / "crown.json")
-    (args.out / "crown.md").write_text(markdown(results))
-    print(markdown(results))
+    report.write_json(results, args.out / f"{name}.json")
+    (args.out / f"{name}.md").write_text(render(results))
+    print(render(results))
     return 0
 
 

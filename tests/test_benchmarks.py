@@ -262,3 +262,24 @@ def test_peak_rss_without_psutil(monkeypatch: pytest.MonkeyPatch) -> None:
         _ = bytearray(1 << 20)
     figures = peak.figures()
     assert figures["peak_rss_mb"] > 0 and figures["rss_method"].startswith("getrusage")
+
+
+def test_crown_writes_only_times_both_writers_and_cleans_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``bench_crown.py --writes-only``: each case written per round, outputs removed after timing;
+    FFCV reported as not installed where it is missing (as in CI), with no ratio invented."""
+    from benchmarks import bench_crown, ffcv_peer
+
+    make_imagenet_like(tmp_path / "data" / "imagenet", count=12, classes=2, seed=1, workers=1, progress=False)
+    make_cifar_like(tmp_path / "data" / "cifar", count=30, classes=3, seed=1, workers=1, progress=False)
+    monkeypatch.setattr(ffcv_peer, "unavailable", lambda: "not installed (test)")
+    out = tmp_path / "out"
+    assert bench_crown.main(["--data", str(tmp_path / "data"), "--out", str(out), "--repeats", "2",
+                             "--writes-only", "--cases", "cifar,raw"]) == 0
+    results = json.loads((out / "crown-writes.json").read_text())
+    assert results["ffcv"] == "not installed (test)"
+    assert [w["name"] for w in results["writes"]] == ["cifar raw", "imagenet raw 256 → crop 224"]
+    for written in results["writes"]:
+        assert len(written["packload_s"]) == 2 and all(t > 0 for t in written["packload_s"])
+        assert written["ffcv_s"] == [] and written["ratios"] == []
+    assert not any((out / "work" / "writes").iterdir())  # every output removed once timed
+    assert "| cifar raw |" in (out / "crown-writes.md").read_text()
