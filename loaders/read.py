@@ -652,14 +652,19 @@ class PackReader:
         round trip each (README, "Slow storage"). A batch whose pieces were all asked for already
         (most batches of a sampler window) costs one lookup in a per-record table (a byte per
         record). ``parts`` and ``ends`` (where each payload ends) are the caller's, as int64."""
-        if self._asked is None:
-            self._asked = np.zeros(self.records, dtype=bool)
-        elif self._asked[positions].all():
+        asked = self._asked_table()
+        if asked[positions].all():
             return  # every piece of these records was asked for already
         if self._fetcher is None:
             self._fetcher = _ParallelFetcher() if parallel_reads(self.path) else _ParallelFetcher(0)
         self._prefetch_pieces(positions, parts, ends)
-        self._asked[positions] = True
+        asked[positions] = True
+
+    def _asked_table(self) -> np.ndarray:
+        """One flag per record: all its pieces asked for (by a batch's prefetch or by ``advise``)."""
+        if self._asked is None:
+            self._asked = np.zeros(self.records, dtype=bool)
+        return self._asked
 
     def _prefetch_pieces(self, positions: np.ndarray, parts: np.ndarray, ends: np.ndarray) -> None:
         """``_prefetch``'s work: the pieces of these records not asked for yet, asked for."""
@@ -752,9 +757,7 @@ class PackReader:
         ranges = self._file_ranges(parts[run_starts], starts[run_starts], run_stops)
         for fd, offset, length in ranges:
             os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
-        if self._asked is None:
-            self._asked = np.zeros(self.records, dtype=bool)
-        self._asked[positions] = True  # a batch of them need not ask again (see _prefetch)
+        self._asked_table()[positions] = True  # a batch of them need not ask again (see _prefetch)
         return sum(length for _, _, length in ranges)
 
     def _file_ranges(self, parts: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> list[tuple[int, int, int]]:

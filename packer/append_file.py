@@ -12,7 +12,6 @@ to wait for."""
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import hashlib
 import os
 import queue
@@ -20,7 +19,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from .direct_file import DirectAppender
+from .direct_file import DirectAppender, libc_function
 
 BLOCK = 4 << 20
 MAX_PIECES = 4096  # records per block at most, however small
@@ -32,18 +31,8 @@ _STOP = object()
 _SYNC_FILE_RANGE_WRITE = 2
 
 
-def _load_sync_file_range() -> Any:
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        function = libc.sync_file_range
-    except (OSError, AttributeError):  # not Linux/glibc: the kernel writes back on its own schedule
-        return None
-    function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    function.restype = ctypes.c_int
-    return function
-
-
-_sync_file_range = _load_sync_file_range()
+# None where there is none (not Linux/glibc): the kernel writes back on its own schedule
+_sync_file_range = libc_function("sync_file_range", [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint])
 
 
 def start_writeback(fd: int, offset: int = 0, length: int = 0) -> None:

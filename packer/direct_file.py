@@ -39,18 +39,19 @@ _O_DIRECT = getattr(os, "O_DIRECT", 0)
 LOCAL_DISK_FS = frozenset((0xEF53, 0x58465342, 0x9123683E, 0xF2F52010, 0x2FC12FC1, 0xCA451A4E, 0x794C7630))
 
 
-def _load_statfs() -> Any:
+def libc_function(name: str, argtypes: list[Any], restype: Any = ctypes.c_int) -> Any:
+    """The C library's function ``name`` with its signature set, or None where there is none (not
+    Linux/glibc): the callers then do without it."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        function = libc.statfs
-    except (OSError, AttributeError):  # not Linux/glibc: no direct writes
+        function = getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True), name)
+    except (OSError, AttributeError):
         return None
-    function.argtypes = [ctypes.c_char_p, ctypes.c_void_p]
-    function.restype = ctypes.c_int
+    function.argtypes = argtypes
+    function.restype = restype
     return function
 
 
-_statfs = _load_statfs()
+_statfs = libc_function("statfs", [ctypes.c_char_p, ctypes.c_void_p])  # None: no direct writes
 
 
 def filesystem_type(path: Path) -> int | None:
@@ -137,9 +138,10 @@ class DirectAppender:
         fcntl.fcntl(self._fd, fcntl.F_SETFL, flags & ~_O_DIRECT)
         self.direct = False
 
-    def _write_tail(self) -> None:
-        """Write whole blocks, then the partial last one padded with zeros, and cut the file back to
-        its true length; the tail stays staged, so later appends rewrite its block."""
+    def expose(self) -> None:
+        """Make every byte appended so far part of the file (a checkpoint: survives the process).
+        Whole blocks, then the partial last one padded with zeros, and the file cut back to its true
+        length; the tail stays staged, so later appends rewrite its block."""
         self._write_blocks()
         if not self._fill:
             return
@@ -148,21 +150,14 @@ class DirectAppender:
         self._pwrite(padded)
         os.ftruncate(self._fd, self._base + self._fill)
 
-    def expose(self) -> None:
-        """Make every byte appended so far part of the file (a checkpoint: survives the process)."""
-        self._write_tail()
-
     def close(self) -> None:
         """Write everything and close the file (no fsync: the caller decides when to sync)."""
         try:
-            self._write_tail()
+            self.expose()
         finally:
-            self._release()
-
-    def _release(self) -> None:
-        os.close(self._fd)
-        self._buffer = np.empty(0, dtype=np.uint8)
-        try:
-            self._stage.close()
-        except BufferError:  # a view still held (by a traceback): the map goes with the last of them
-            pass
+            os.close(self._fd)
+            self._buffer = np.empty(0, dtype=np.uint8)
+            try:
+                self._stage.close()
+            except BufferError:  # a view still held (by a traceback): the map goes with the last of them
+                pass
