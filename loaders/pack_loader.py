@@ -36,7 +36,7 @@ from .measure import usable_cores
 from .read import parallel_reads
 from .sampler import PackSampler
 
-_REMOTE_COPY_THREADS = 4  # threads copying batches on network and FUSE storage (see __init__)
+_REMOTE_COPY_THREADS = 4  # threads copying batches on network and FUSE storage with no announcements (see __init__)
 
 
 class PackLoader:
@@ -51,7 +51,7 @@ class PackLoader:
         threads: threads building batches; 0 builds them in the loop's own thread. Default: the
             usable CPU cores when images are decoded or cropped, else 0 (copying raw pixels or
             stored bytes is quickest without handing batches between threads; 4 on network and FUSE
-            storage, where each batch's reads wait round trips).
+            storage when the sampler announces nothing, where each batch's reads wait round trips).
         prefetch: batches being built ahead of the training loop; default ``2 * threads``.
         drop_last: drop a last batch smaller than ``batch_size``.
         channels_last: batches in channels-last memory (shape still B×3×H×W): no transpose copy,
@@ -84,10 +84,12 @@ class PackLoader:
         if encoded and self.crop is not None:
             raise ValueError("encoded=True yields the stored bytes: a crop cannot apply; drop one of them")
         copy_only = encoded or (self.crop is None and dataset.encoding == "raw" and not dataset.exif_transpose)
-        if threads is None:  # copying needs no threads on a local disk; on network and FUSE storage a
-            # batch's fetch waits round trips, so a few threads keep several batches' requests in flight
-            # (through benchmarks/slowfs.py at 2 ms: 0 threads 7.8-8.4k JPEGs/s, 4 threads 11.9-13.3k)
-            threads = (_REMOTE_COPY_THREADS if parallel_reads(dataset.root) else 0) if copy_only else usable_cores()
+        if threads is None:  # copying needs no threads where the sampler announces the order: on a
+            # local disk the kernel reads ahead, on network and FUSE storage the reader's own threads do
+            # (through benchmarks/slowfs.py at 2 ms: 0 threads 14.1k JPEGs/s, 4 threads 12.6k). Without
+            # announcements a batch's fetch there waits round trips, and a few threads overlap them.
+            unannounced = self.sampler.prefetch is None and parallel_reads(dataset.root)
+            threads = (_REMOTE_COPY_THREADS if unannounced else 0) if copy_only else usable_cores()
         self.threads = int(threads)
         if self.threads < 0:
             raise ValueError(f"threads must be 0 (build batches in the loop's own thread) or more, got {threads}")

@@ -99,32 +99,47 @@ class _ParallelFetcher:
     On network and FUSE filesystems ``WILLNEED`` hints and readahead keep only one or two requests
     in flight, so a batch's runs arrive one round trip after another; reading them in 128 KiB pieces
     from a few threads overlaps the round trips. The bytes read are dropped: the memory maps then
-    find the pages cached. Threads are started lazily, again in a forked child."""
+    find the pages cached. ``fetch`` waits for its reads (a batch's own); ``queue`` does not (a
+    sampler's announcement), and runs on threads of its own so that it never delays a batch.
+    Threads are started lazily, again in a forked child."""
 
     def __init__(self, threads: int = 16) -> None:
         self.threads = threads
         self._pool: ThreadPoolExecutor | None = None
+        self._ahead: ThreadPoolExecutor | None = None
         self._pid = 0
 
-    def pool(self) -> ThreadPoolExecutor:
-        if self._pool is None or self._pid != os.getpid():
-            self._pool, self._pid = ThreadPoolExecutor(self.threads, thread_name_prefix="packload-fetch"), os.getpid()
-        return self._pool
+    def _pools(self) -> tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
+        if self._pool is None or self._ahead is None or self._pid != os.getpid():
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="packload-fetch")
+            self._ahead = ThreadPoolExecutor(self.threads, thread_name_prefix="packload-ahead")
+            self._pid = os.getpid()
+        return self._pool, self._ahead
 
     def fetch(self, ranges: list[tuple[int, int, int]], close: bool = False) -> None:
         """Read every ``(fd, offset, length)`` range; returns when all are in the page cache (and
         with ``close``, once the threads are gone: a fetcher used once)."""
         step = 1 << _GRANULE_SHIFT
         pieces = [(fd, o, min(step, off + n - o)) for fd, off, n in ranges for o in range(off, off + n, step)]
-        for _ in self.pool().map(_read_piece, pieces):
+        for _ in self._pools()[0].map(_read_piece, pieces):
             pass
         if close:
             self.close()
 
+    def queue(self, pieces: list[tuple[int, int, int]], keys: list[int], done: set[int]) -> None:
+        """Start reading each ``(fd, offset, length)`` piece and return at once; a piece's key goes
+        into ``done`` once it is read, and a piece whose key is there already is not read."""
+        ahead = self._pools()[1]
+        for piece, key in zip(pieces, keys, strict=True):
+            ahead.submit(_read_ahead, piece, key, done)
+
     def close(self) -> None:
-        if self._pool is not None and self._pid == os.getpid():
-            self._pool.shutdown(wait=False)
-        self._pool = None
+        if self._pid == os.getpid():
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)
+            if self._ahead is not None:  # reads not started are dropped; the running ones finish
+                self._ahead.shutdown(wait=True, cancel_futures=True)  # before their descriptors close
+        self._pool = self._ahead = None
 
 
 def _read_piece(piece: tuple[int, int, int]) -> None:
@@ -133,6 +148,12 @@ def _read_piece(piece: tuple[int, int, int]) -> None:
         os.pread(fd, length, offset)
     except OSError:
         pass  # only a hint: the memory map reports real errors when the bytes are used
+
+
+def _read_ahead(piece: tuple[int, int, int], key: int, done: set[int]) -> None:
+    if key not in done:  # a batch may have needed it first, and read it itself
+        _read_piece(piece)
+        done.add(key)
 
 
 def parallel_reads(path: Path) -> bool:
@@ -163,15 +184,10 @@ class PackHints:
         self.path = Path(path)
         self._opener = opener
         self._reader: PackReader | None = None
-        self._parallel: bool | None = None
         self.error: Exception | None = None
 
     def __call__(self, indices: np.ndarray) -> int:
         try:
-            if self._parallel is None:  # network or FUSE: nothing to announce, so nothing to open
-                self._parallel = parallel_reads(self.path)
-            if self._parallel:
-                return 0
             if self._opener is not None:
                 return self._opener().advise(indices)
             if self._reader is None or self._reader.closed or self._reader.pid != os.getpid():
@@ -193,7 +209,7 @@ class PackHints:
             pass
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "_opener": None, "_reader": None, "_parallel": None, "error": None}
+        return {"path": self.path, "_opener": None, "_reader": None, "error": None}
 
     def __repr__(self) -> str:
         return f"PackHints({str(self.path)!r})"
@@ -668,6 +684,29 @@ class PackReader:
 
     def _prefetch_pieces(self, positions: np.ndarray, parts: np.ndarray, ends: np.ndarray) -> None:
         """``_prefetch``'s work: the pieces of these records not asked for yet, asked for."""
+        fresh = self._fresh_pieces(positions, parts, ends)
+        if fresh is None:
+            return
+        keys, piece_parts, lo, hi = fresh
+        self._advised.update(keys.tolist())
+        order = np.lexsort((lo, piece_parts))
+        piece_parts, lo, hi = piece_parts[order], lo[order], hi[order]
+        # Pieces that touch (or overlap) the one before in the same part join its run.
+        new_run = np.ones(len(lo), dtype=bool)
+        new_run[1:] = (piece_parts[1:] != piece_parts[:-1]) | (lo[1:] > hi[:-1])  # pieces do not overlap
+        heads_at = np.flatnonzero(new_run)
+        stops = np.maximum.reduceat(hi, heads_at)
+        ranges = self._file_ranges(piece_parts[heads_at], lo[heads_at], stops)[0]
+        if self._fetcher.threads:
+            self._fetcher.fetch(ranges)
+        else:  # what MADV_WILLNEED on the map does too, without locating each range in it
+            for fd, offset, length in ranges:
+                os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+
+    def _fresh_pieces(self, positions: np.ndarray, parts: np.ndarray,
+                      ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+        """The pieces these records need that were not asked for yet (not in ``_advised``): each
+        one's key, part, and byte range in the part (``lo``, ``hi``); None if there are none."""
         entries = self.entries
         starts = np.maximum(entries["record_offset"][positions].astype(np.int64), 0)  # a damaged offset must not
         keep = (ends > starts) & (ends - starts <= _PREFETCH_RECORD_LIMIT)  # make a huge range, nor a damaged
@@ -695,32 +734,19 @@ class PackReader:
             rows = np.repeat(np.arange(len(span)), span)
             keys = first_key[rows] + np.arange(span.sum()) - np.repeat(np.cumsum(span) - span, span)
         distinct, first_at = _distinct_first(keys)  # a batch's records share few pieces
-        listed = distinct.tolist()
-        fresh = [key not in self._advised for key in listed]
+        advised = self._advised
+        fresh = [key not in advised for key in distinct.tolist()]
         if not any(fresh):
-            return  # asked for already: the kernel has it or is reading it
-        if len(self._advised) > _ADVISED_LIMIT:  # the cache may have dropped early ones: ask again later
-            self._advised.clear()
-            self._asked[:] = False
+            return None  # asked for already: the kernel has it or is reading it
+        if len(advised) > _ADVISED_LIMIT:  # the cache may have dropped early ones: ask again later
+            advised.clear()
+            self._asked_table()[:] = False
         wanted = np.array(fresh, dtype=bool)
-        self._advised.update(distinct[wanted].tolist())
         keys, rows = distinct[wanted], rows[first_at[wanted]]
         granules = (keys & _IN_BLOCK) + (floor[rows] >> _GRANULE_SHIFT)
         lo = np.maximum(granules << _GRANULE_SHIFT, floor[rows])
         hi = np.minimum((granules + 1) << _GRANULE_SHIFT, ceiling[rows])
-        order = np.lexsort((lo, parts[rows]))
-        piece_parts, lo, hi = parts[rows][order], lo[order], hi[order]
-        # Pieces that touch (or overlap) the one before in the same part join its run.
-        new_run = np.ones(len(lo), dtype=bool)
-        new_run[1:] = (piece_parts[1:] != piece_parts[:-1]) | (lo[1:] > hi[:-1])  # pieces do not overlap
-        heads_at = np.flatnonzero(new_run)
-        stops = np.maximum.reduceat(hi, heads_at)
-        ranges = self._file_ranges(piece_parts[heads_at], lo[heads_at], stops)
-        if self._fetcher.threads:
-            self._fetcher.fetch(ranges)
-        else:  # what MADV_WILLNEED on the map does too, without locating each range in it
-            for fd, offset, length in ranges:
-                os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+        return keys, parts[rows], lo, hi
 
     def advise(self, indices: Sequence[int] | np.ndarray) -> int:
         """Ask the storage for the bytes of records that will be read soon, and return at once.
@@ -731,10 +757,10 @@ class PackReader:
         page cache is shared, so a hint given in the process that runs the sampler serves the
         DataLoader workers too (``PackSampler(prefetch=...)`` does this). Returns the bytes asked for.
 
-        Nothing is announced on network and FUSE storage (where batches are fetched by parallel
-        reads, :class:`_ParallelFetcher`): there, reading a window ahead from more threads measured
-        slower (through ``benchmarks/slowfs.py`` the server's bandwidth is what runs out, and the
-        first batch waited behind the window)."""
+        On network and FUSE storage, where the kernel keeps only a request or two in flight for
+        such hints, the records' 128 KiB pieces are read instead, in the background, by threads of
+        their own (:class:`_ParallelFetcher`): a batch that needs a piece before its turn reads it
+        itself, so the announcement never makes a batch wait longer than its own reads would."""
         if self.closed:
             return 0
         positions = self.positions(indices)
@@ -742,28 +768,41 @@ class PackReader:
             return 0
         if self._fetcher is None:
             self._fetcher = _ParallelFetcher() if parallel_reads(self.path) else _ParallelFetcher(0)
-        if self._fetcher.threads:
-            return 0
         entries = self.entries
         parts = entries["part"][positions].astype(np.int64)
-        starts = entries["record_offset"][positions].astype(np.int64)
         ends = (entries["payload_offset"][positions] + entries["payload_len"][positions]).astype(np.int64)
+        if self._fetcher.threads:
+            return self._queue_pieces(positions, parts, ends)
+        starts = entries["record_offset"][positions].astype(np.int64)
         by_place = np.lexsort((starts, parts))
         parts, starts, ends = parts[by_place], starts[by_place], ends[by_place]
         first = np.ones(len(parts), dtype=bool)  # records that touch the one before join its run
         first[1:] = (parts[1:] != parts[:-1]) | (starts[1:] > ends[:-1] + PAGE)  # records do not overlap
         run_starts = np.flatnonzero(first)
         run_stops = np.maximum.reduceat(ends, run_starts)
-        ranges = self._file_ranges(parts[run_starts], starts[run_starts], run_stops)
+        ranges = self._file_ranges(parts[run_starts], starts[run_starts], run_stops)[0]
         for fd, offset, length in ranges:
             os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
         self._asked_table()[positions] = True  # a batch of them need not ask again (see _prefetch)
         return sum(length for _, _, length in ranges)
 
-    def _file_ranges(self, parts: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> list[tuple[int, int, int]]:
+    def _queue_pieces(self, positions: np.ndarray, parts: np.ndarray, ends: np.ndarray) -> int:
+        """``advise`` on network and FUSE storage: the records' pieces not asked for yet, queued for
+        reading in the background. Each goes into ``_advised`` once read, so a batch that comes to
+        it earlier finds it fresh and reads it itself (the records are not marked as asked)."""
+        fresh = self._fresh_pieces(positions, parts, ends)
+        if fresh is None:
+            return 0
+        keys, piece_parts, lo, hi = fresh
+        ranges, kept = self._file_ranges(piece_parts, lo, hi)
+        self._fetcher.queue(ranges, keys[kept].tolist(), self._advised)
+        return sum(length for _, _, length in ranges)
+
+    def _file_ranges(self, parts: np.ndarray, starts: np.ndarray,
+                     stops: np.ndarray) -> tuple[list[tuple[int, int, int]], np.ndarray]:
         """``(fd, file offset, length)`` of bytes ``starts:stops`` of each of ``parts`` (int64 arrays),
-        clipped to the part; empty ranges, and LMDB chunks that cannot be located (the read that
-        needs them reports it), are left out."""
+        clipped to the part, and which of the inputs they are; empty ranges, and LMDB chunks that
+        cannot be located (the read that needs them reports it), are left out."""
         distinct = _distinct(parts)
         listed = distinct.tolist()
         if self.backend == "lmdb":
@@ -780,7 +819,7 @@ class PackReader:
         stops = np.minimum(stops, sizes[at])
         kept = np.flatnonzero(stops > starts)
         return list(zip([fds[k] for k in at[kept].tolist()], (bases[at] + starts)[kept].tolist(),
-                        (stops - starts)[kept].tolist(), strict=True))
+                        (stops - starts)[kept].tolist(), strict=True)), kept
 
     def _fd(self, key: int) -> int:
         """A descriptor of shard ``key`` (-1: the LMDB file), for positioned reads and hints."""

@@ -285,14 +285,18 @@ def test_packloader_announces_its_order_a_window_ahead(packs, threads):
     assert all(torch.equal(a, b) for a, b in zip(got, (images for images, _ in quiet), strict=True))
 
 
-def test_copying_uses_threads_only_on_network_storage(packs, monkeypatch):
-    """A copy-only PackLoader builds batches in the loop's thread on a local disk, and in 4 threads
-    where every read waits a round trip (network and FUSE storage; forced here as the reader is)."""
+def test_copying_uses_threads_only_where_unannounced_reads_wait(packs, monkeypatch):
+    """A copy-only PackLoader builds batches in the loop's thread on a local disk, and on network and
+    FUSE storage (forced here as the reader is) when the sampler announces the order (the reader's
+    threads then read ahead); in 4 threads there when nothing is announced, as every batch's reads
+    would wait a round trip."""
     ds = PackedImageFolder(packs["keep"])
     monkeypatch.setenv("PACKLOAD_PARALLEL_READS", "0")
     assert PackLoader(ds, 4, encoded=True).threads == 0
+    assert PackLoader(ds, 4, encoded=True, sampler=ds.sampler(prefetch=False)).threads == 0
     monkeypatch.setenv("PACKLOAD_PARALLEL_READS", "1")
-    remote = PackLoader(ds, 4, encoded=True)
+    assert PackLoader(ds, 4, encoded=True).threads == 0
+    remote = PackLoader(ds, 4, encoded=True, sampler=ds.sampler(prefetch=False))
     assert remote.threads == 4 and PackLoader(ds, 4, encoded=True, threads=0).threads == 0
     local = PackLoader(ds, 4, encoded=True, threads=0)
     for (data, offsets, labels), (want_data, want_offsets, want_labels) in zip(remote, local, strict=True):

@@ -454,18 +454,60 @@ def test_batches_ask_once_for_records_announced_or_fetched(small_packs: dict[str
 
 
 @pytest.mark.parametrize("backend", ["lmdb", "shards"])
+def test_a_batch_never_waits_behind_announced_reads(small_packs: dict[str, Path], backend: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where reads go through threads (network and FUSE storage; forced here), an announcement is
+    read in the background. A batch that needs announced records before their reads have run reads
+    them itself: it completes while every background read is held, with the right bytes, and the
+    held reads, once released, find those pieces done and do not read them again."""
+    import threading
+
+    import loaders.read as read_module
+    from loaders.read import PackReader
+
+    monkeypatch.setenv("PACKLOAD_PARALLEL_READS", "1")
+    release, held, reads = threading.Event(), [], []
+    real_ahead, real_piece = read_module._read_ahead, read_module._read_piece
+
+    def waiting(piece: tuple[int, int, int], key: int, done: set[int]) -> None:
+        held.append(key)
+        release.wait(30)
+        real_ahead(piece, key, done)
+
+    monkeypatch.setattr(read_module, "_read_ahead", waiting)
+    monkeypatch.setattr(read_module, "_read_piece", lambda piece: reads.append(piece) or real_piece(piece))
+    with PackReader(small_packs[backend]) as reader:
+        expected = [bytes(reader.payload(i)) for i in range(300)]
+        assert reader.advise(np.arange(300)) >= sum(map(len, expected))
+        batch = list(range(0, 300, 3))
+        assert [bytes(p) for p in reader.payload_bytes(batch)] == [expected[i] for i in batch]
+        assert not release.is_set() and held  # the batch did not wait for the background
+        by_batch = len(reads)
+        assert by_batch > 0
+        release.set()
+        reader.close()  # waits for the background reads that run
+        ahead = reads[by_batch:]
+        assert {(o, n) for _, o, n in ahead}.isdisjoint({(o, n) for _, o, n in reads[:by_batch]})
+        assert len(ahead) < len(held)  # the pieces the batch read were not read again
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "shards"])
 @pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("parallel", ["0", "1"])
 def test_dataset_sampler_announces_through_the_datasets_reader(small_packs: dict[str, Path], backend: str,
-                                                               workers: int) -> None:
+                                                               workers: int, parallel: str,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """``ds.sampler()`` announces upcoming records by default, through the dataset's own reader in the
     process that runs the sampler (no second reader of the pack there); ``prefetch=False`` announces
-    nothing; the order and the bytes are the same either way."""
+    nothing; the order and the bytes are the same either way. Also with the reads of network and
+    FUSE storage (forced): background threads in the process that forks the workers."""
     from torch.utils.data import DataLoader
 
     from loaders import PackedImageFolder
     from loaders.collate import collate_as_list
     from loaders.read import PackHints
 
+    monkeypatch.setenv("PACKLOAD_PARALLEL_READS", parallel)
     path = small_packs[backend]
     ds = PackedImageFolder(path, output="bytes")
     announced: list[int] = []

@@ -259,25 +259,35 @@ def test_reader_issues_few_large_requests(packs: Path, tmp_path: Path, name: str
 
 
 @needs_fuse
-def test_prefetching_sampler_announces_nothing_on_fuse(packs: Path, tmp_path: Path) -> None:
-    """On FUSE the per-batch parallel reads already keep requests in flight; the sampler's window-ahead
-    hints (measured slower there) ask for nothing, and the bytes read are the same."""
+@pytest.mark.parametrize("name", ["p.shards", "p.lmdb"])
+def test_announcement_reads_ahead_in_the_background_on_fuse(packs: Path, tmp_path: Path, name: str) -> None:
+    """On FUSE a sampler's announcement is read by the reader's own threads after ``advise`` returns:
+    the window's bytes arrive with no further call, in large requests, and the batches that follow
+    ask the storage for nothing more."""
     from loaders.read import PackReader
 
     mnt = tmp_path / "mnt"
     with _mounted(packs, mnt, latency_ms=2) as fs:
-        _evict(mnt / "p.shards")
-        with PackReader(mnt / "p.shards") as reader:
+        _evict(mnt / name)
+        ds = PackedImageFolder(mnt / name, output="bytes")
+        window = np.arange(1000, 2024)
+        with PackReader(mnt / name) as reader:
+            reader.positions(window)  # the index is read before the count starts
             before = fs.stats()
-            assert reader.advise(np.arange(2000)) == 0
-            assert fs.stats().minus(before).reads == 0
-        ds = PackedImageFolder(mnt / "p.shards", output="bytes")
-        sampler = ds.sampler(seed=0, prefetch=mnt / "p.shards")
-        order = list(sampler)
-        first = ds.__getitems__(order[:64])
-        assert [data for data, _ in first] == [(packs / "images" / ds.path(i)).read_bytes() for i in order[:64]]
-        assert sampler.prefetch.error is None
-        sampler.prefetch.close()
+            queued = reader.advise(window)
+            deadline = time.monotonic() + 30
+            while fs.stats().minus(before).read_bytes < queued and time.monotonic() < deadline:
+                time.sleep(0.01)
+            ahead = fs.stats().minus(before)
+            assert queued >= 1024 * (32 * 32 * 3) // 2  # the window's records, more or less compressed
+            assert queued <= ahead.read_bytes <= queued + (1 << 20), ahead
+            assert ahead.mean_read_kb >= 64, ahead
+            assert ahead.max_reads_in_flight >= 4, ahead  # read in parallel, not one request at a time
+            time.sleep(0.05)
+            before = fs.stats()
+            got = [data for data, _ in ds.__getitems__(window.tolist())]
+            assert fs.stats().minus(before).reads <= 2  # at most an index or header page: the bytes are here
+        assert got == [(packs / "images" / ds.path(i)).read_bytes() for i in window.tolist()]
         ds.close()
 
 
