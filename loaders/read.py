@@ -667,7 +667,9 @@ class PackReader:
         fetched, small ones too, so a batch's requests overlap where page faults would wait one
         round trip each (README, "Slow storage"). A batch whose pieces were all asked for already
         (most batches of a sampler window) costs one lookup in a per-record table (a byte per
-        record). ``parts`` and ``ends`` (where each payload ends) are the caller's, as int64."""
+        record). On network and FUSE storage a piece announced by :meth:`advise` counts as asked
+        for once the background has read it: until then a batch that needs it reads it itself.
+        ``parts`` and ``ends`` (where each payload ends) are the caller's, as int64."""
         asked = self._asked_table()
         if asked[positions].all():
             return  # every piece of these records was asked for already
