@@ -391,15 +391,19 @@ class PackReader:
         self._chunk_table = np.full((2, min(chunks, len(self.entries) + 1)), -1, np.int64)  # numbers: not here
 
     def _value(self, key: bytes, what: str) -> memoryview | None:
-        """A value of the LMDB file as a view of the reader's own map (fetched ahead in one request
-        when it is large), or LMDB's when it lies inline in its leaf page (see :meth:`_overflow`)."""
+        """A value of the LMDB file as a view of the reader's own map (fetched ahead when it is
+        large: in one request, or on network and FUSE storage by parallel reads, as the shards'
+        index is), or LMDB's when it lies inline in its leaf page (see :meth:`_overflow`)."""
         located = self._overflow(key)
         if located is None:
             return self._get(key, what)
         offset, size = located
         view = memoryview(self._maps[-1])[offset : offset + size]
         if size > PAGE:
-            _madvise_willneed(view)
+            if parallel_reads(self.path):  # faulting it in there waits ~2 requests at a time
+                _ParallelFetcher().fetch([(self._fd(-1), offset, size)], close=True)
+            else:
+                _madvise_willneed(view)
         return view
 
     def _get(self, key: bytes, what: str) -> memoryview | None:

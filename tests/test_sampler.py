@@ -533,6 +533,30 @@ def test_dataset_sampler_announces_through_the_datasets_reader(small_packs: dict
     assert ds._reader is not None and not ds._reader.closed
 
 
+def test_lmdb_index_fetched_by_parallel_reads_where_reads_wait(small_packs: dict[str, Path],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """On network and FUSE storage (forced here) opening an LMDB pack fetches its index's bytes by
+    parallel positioned reads, as the shards backend does its index file, instead of faulting them in
+    a request or two at a time; on a local disk it does not."""
+    import loaders.read as read_module
+    from loaders.read import PackReader
+    from packer.format import LMDB_INDEX_KEY
+
+    fetched: list[list[tuple[int, int, int]]] = []
+    real = read_module._ParallelFetcher.fetch
+    monkeypatch.setattr(read_module._ParallelFetcher, "fetch",
+                        lambda self, ranges, close=False: fetched.append(ranges) or real(self, ranges, close))
+    monkeypatch.setenv("PACKLOAD_PARALLEL_READS", "0")
+    with PackReader(small_packs["lmdb"]) as reader:
+        local = reader.index_bytes()
+    assert fetched == []
+    monkeypatch.setenv("PACKLOAD_PARALLEL_READS", "1")
+    with PackReader(small_packs["lmdb"]) as reader:
+        assert reader.index_bytes() == local
+        offset, size = reader._overflow(LMDB_INDEX_KEY)
+    assert [(o, n) for _, o, n in fetched[0]] == [(offset, size)]
+
+
 def test_lmdb_chunks_located_from_their_nodes(small_packs: dict[str, Path]) -> None:
     """The LMDB reader takes chunks from its own map at offsets read from the B-tree nodes; they must
     be byte for byte what LMDB itself returns."""
