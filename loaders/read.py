@@ -116,15 +116,12 @@ class _ParallelFetcher:
             self._pid = os.getpid()
         return self._pool, self._ahead
 
-    def fetch(self, ranges: list[tuple[int, int, int]], close: bool = False) -> None:
-        """Read every ``(fd, offset, length)`` range; returns when all are in the page cache (and
-        with ``close``, once the threads are gone: a fetcher used once)."""
+    def fetch(self, ranges: list[tuple[int, int, int]]) -> None:
+        """Read every ``(fd, offset, length)`` range; returns when all are in the page cache."""
         step = 1 << _GRANULE_SHIFT
         pieces = [(fd, o, min(step, off + n - o)) for fd, off, n in ranges for o in range(off, off + n, step)]
         for _ in self._pools()[0].map(_read_piece, pieces):
             pass
-        if close:
-            self.close()
 
     def queue(self, pieces: list[tuple[int, int, int]], keys: list[int], done: set[int]) -> None:
         """Start reading each ``(fd, offset, length)`` piece and return at once; a piece's key goes
@@ -292,7 +289,7 @@ class PackReader:
         self.closed = False
         self._advised: set[int] = set()  # pieces already asked for (see _prefetch)
         self._asked: np.ndarray | None = None  # per record: all its pieces asked for (see _prefetch)
-        self._fetcher: _ParallelFetcher | None = None  # set up by the first prefetch on network/FUSE storage
+        self._fetcher: _ParallelFetcher | None = None  # see _storage_fetcher
         self._fds: dict[int, int] = {}  # part (-1: the LMDB file) -> descriptor for the parallel reads
         self._chunk_offsets: dict[int, int] = {}  # LMDB chunk -> its offset in the file
         self._chunk_table = np.full((2, 0), -1, np.int64)  # LMDB: offset and size of chunk i, -1 unknown
@@ -336,8 +333,9 @@ class PackReader:
         index_path = self.path / INDEX_NAME
         try:
             with open(index_path, "rb") as f:
-                if parallel_reads(self.path):  # network/FUSE: faulting it in waits ~2 requests at a time
-                    _ParallelFetcher().fetch([(f.fileno(), 0, os.fstat(f.fileno()).st_size)], close=True)
+                fetcher = self._storage_fetcher()
+                if fetcher.threads:  # network/FUSE: faulting it in waits ~2 requests at a time
+                    fetcher.fetch([(f.fileno(), 0, os.fstat(f.fileno()).st_size)])
                 self._index_map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except (OSError, ValueError) as exc:
             raise PackFormatError(f"{index_path}: cannot read the index ({exc}); the pack is damaged") from None
@@ -400,8 +398,9 @@ class PackReader:
         offset, size = located
         view = memoryview(self._maps[-1])[offset : offset + size]
         if size > PAGE:
-            if parallel_reads(self.path):  # faulting it in there waits ~2 requests at a time
-                _ParallelFetcher().fetch([(self._fd(-1), offset, size)], close=True)
+            fetcher = self._storage_fetcher()
+            if fetcher.threads:  # faulting it in there waits ~2 requests at a time
+                fetcher.fetch([(self._fd(-1), offset, size)])
             else:
                 _madvise_willneed(view)
         return view
@@ -677,10 +676,15 @@ class PackReader:
         asked = self._asked_table()
         if asked[positions].all():
             return  # every piece of these records was asked for already
-        if self._fetcher is None:
-            self._fetcher = _ParallelFetcher() if parallel_reads(self.path) else _ParallelFetcher(0)
         self._prefetch_pieces(positions, parts, ends)
         asked[positions] = True
+
+    def _storage_fetcher(self) -> _ParallelFetcher:
+        """This reader's fetcher, decided once: 16 threads on network and FUSE storage
+        (:func:`parallel_reads`), none elsewhere."""
+        if self._fetcher is None:
+            self._fetcher = _ParallelFetcher() if parallel_reads(self.path) else _ParallelFetcher(0)
+        return self._fetcher
 
     def _asked_table(self) -> np.ndarray:
         """One flag per record: all its pieces asked for (by a batch's prefetch or by ``advise``)."""
@@ -703,8 +707,9 @@ class PackReader:
         heads_at = np.flatnonzero(new_run)
         stops = np.maximum.reduceat(hi, heads_at)
         ranges = self._file_ranges(piece_parts[heads_at], lo[heads_at], stops)[0]
-        if self._fetcher.threads:
-            self._fetcher.fetch(ranges)
+        fetcher = self._storage_fetcher()
+        if fetcher.threads:
+            fetcher.fetch(ranges)
         else:  # what MADV_WILLNEED on the map does too, without locating each range in it
             for fd, offset, length in ranges:
                 os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
@@ -772,12 +777,10 @@ class PackReader:
         positions = self.positions(indices)
         if not len(positions):
             return 0
-        if self._fetcher is None:
-            self._fetcher = _ParallelFetcher() if parallel_reads(self.path) else _ParallelFetcher(0)
         entries = self.entries
         parts = entries["part"][positions].astype(np.int64)
         ends = (entries["payload_offset"][positions] + entries["payload_len"][positions]).astype(np.int64)
-        if self._fetcher.threads:
+        if self._storage_fetcher().threads:
             return self._queue_pieces(positions, parts, ends)
         starts = entries["record_offset"][positions].astype(np.int64)
         by_place = np.lexsort((starts, parts))
@@ -801,7 +804,7 @@ class PackReader:
             return 0
         keys, piece_parts, lo, hi = fresh
         ranges, kept = self._file_ranges(piece_parts, lo, hi)
-        self._fetcher.queue(ranges, keys[kept].tolist(), self._advised)
+        self._storage_fetcher().queue(ranges, keys[kept].tolist(), self._advised)
         return sum(length for _, _, length in ranges)
 
     def _file_ranges(self, parts: np.ndarray, starts: np.ndarray,

@@ -137,7 +137,8 @@ class PackSampler(torch.utils.data.Sampler[int]):
             orders), the sampler announces the next window's records to the storage
             (:meth:`loaders.read.PackReader.advise`: ``posix_fadvise(WILLNEED)`` on their contiguous
             runs; on network and FUSE storage, parallel reads by the reader's own background
-            threads), so a cold page cache is filled ahead of the reads, for DataLoader workers too. It changes no order and is not part of the state.
+            threads), so a cold page cache is filled ahead of the reads, for DataLoader workers
+            too. It changes no order and is not part of the state.
 
     Each rank takes a contiguous slice of the global order, so its reads stay block-local, and every
     rank yields exactly ``len(self)`` samples.

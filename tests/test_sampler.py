@@ -545,7 +545,7 @@ def test_lmdb_index_fetched_by_parallel_reads_where_reads_wait(small_packs: dict
     fetched: list[list[tuple[int, int, int]]] = []
     real = read_module._ParallelFetcher.fetch
     monkeypatch.setattr(read_module._ParallelFetcher, "fetch",
-                        lambda self, ranges, close=False: fetched.append(ranges) or real(self, ranges, close))
+                        lambda self, ranges: fetched.append(ranges) or real(self, ranges))
     monkeypatch.setenv("PACKLOAD_PARALLEL_READS", "0")
     with PackReader(small_packs["lmdb"]) as reader:
         local = reader.index_bytes()
