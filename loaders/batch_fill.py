@@ -29,9 +29,11 @@ from packer.format import FORMAT_CODE, PAYLOAD_FORMATS
 from . import resize_kernel
 from .crop import CenterCrop, interleaved, resize
 from .decode import DECODE_ERRORS, decode_array, decode_failure, raw_array, simplejpeg
-from .read import PackReader, _distinct
+from .prefetch import distinct
+from .read import PackReader
 
 Replace = Callable[[int, Exception], tuple[int, memoryview]]
+_JPEG_START = b"\xff\xd8\xff"
 _FEW_PARTS = 8  # above this many parts in one batch, a per-record loop beats one gather per part
 
 
@@ -203,7 +205,10 @@ class _CropFill:
         self.crop = crop
         self.fast_idct = fast_idct
         self.slots = out.split(1)  # 1×3×S×S channels-last views, one per image
-        self.scratch = np.empty(int((heights * widths).max()) * 3, dtype=np.uint8)
+        # Sized by the records that take this route only: raw ones (their sizes checked against their
+        # payloads when the pack was opened) and JPEGs within the decompression-bomb limit.
+        fast = raw | jpegs
+        self.scratch = np.empty(int((heights * widths)[fast].max()) * 3 if fast.any() else 0, dtype=np.uint8)
         self.flat = torch.from_numpy(self.scratch)
         # the compiled kernel (when built) resizes straight from the map or the decode buffer
         self.kernel = resize_kernel.available() and bool(self.slots) and interleaved(self.slots[0])
@@ -229,10 +234,10 @@ class _CropFill:
             return
         rows, records = rows[ok], records[ok]
         parts = entries["part"][records].astype(np.int64)
-        distinct = _distinct(parts)
-        bases = np.array([np.frombuffer(reader.part_view(part), np.uint8).ctypes.data for part in distinct.tolist()],
+        unique_parts = distinct(parts)
+        bases = np.array([np.frombuffer(reader.part_view(part), np.uint8).ctypes.data for part in unique_parts.tolist()],
                          dtype=np.int64)
-        sources = bases[np.searchsorted(distinct, parts)] + entries["payload_offset"][records].astype(np.int64) \
+        sources = bases[np.searchsorted(unique_parts, parts)] + entries["payload_offset"][records].astype(np.int64) \
             + square_at[rows]
         out = self.out
         dests = out.data_ptr() + rows * out.stride(0)
@@ -254,7 +259,7 @@ class _CropFill:
                 return True
             np.copyto(np.ndarray((side, side, 3), np.uint8, self.scratch), square)  # one copy, straight from the map
             square = self.flat.as_strided((1, 3, side, side), (side * side * 3, 1, side * 3, 3))
-        elif self.jpeg[k]:
+        elif self.jpeg[k] and view[:3] == _JPEG_START:  # only what starts as a JPEG reaches libjpeg-turbo
             try:  # sizes from the index, no header call: each call into simplejpeg gives the GIL up and
                 # must win it back, which a training loop holding the GIL makes slow (benchmarks/bench_gil.py).
                 # An image larger than the index says does not fit the buffer: simplejpeg refuses it.

@@ -20,13 +20,15 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from packer.errors import ChecksumError, PackFormatError
+from packer.errors import ChecksumError, PackChangedError, PackFormatError
+from packer.format import FORMAT_CODE
 
 from .batch_fill import RawGather, Replace, fill_decoded
 from .collate import collate_encoded, collate_uint8
 from .crop import CenterCrop
 from .decode import DECODE_ERRORS, decode_array, decode_failure, decode_pil, to_output
-from .read import PackHints, PackReader
+from .hints import PackHints
+from .read import PackReader
 from .sampler import PackSampler, Prefetch
 
 OUTPUTS = ("pil", "numpy", "tensor", "bytes")
@@ -75,6 +77,7 @@ class PackedImageFolder(Dataset):
             self._encoding: str = reader.encoding
             self.classes: list[str] = reader.classes
             self.targets: list[int] = reader.labels().tolist()
+            self._identity = reader.identity  # every process that reopens the pack checks it is this one
         finally:
             reader.close()
         self.class_to_idx: dict[str, int] = {name: i for i, name in enumerate(self.classes)}
@@ -205,7 +208,15 @@ class PackedImageFolder(Dataset):
         if len(positions) and ((heights != heights[0]).any() or (widths != widths[0]).any()):
             raise ValueError(f"{self.root}: images of different sizes cannot share a batch; pack with "
                              "--size HxW, or give a crop (or a transform) that makes one size")
-        return (int(heights[0]), int(widths[0])) if len(positions) else (0, 0)
+        if not len(positions):
+            return 0, 0
+        height, width = int(heights[0]), int(widths[0])
+        limit = Image.MAX_IMAGE_PIXELS  # decoded images are refused past it: no batch is allocated for them
+        if limit and height * width > 2 * limit and (entries["format"] != FORMAT_CODE["raw"]).any():
+            raise PackFormatError(f"{reader.where(int(positions[0]))}: the index gives {width}x{height} pixels, "
+                                  f"more than the decompression-bomb limit ({2 * limit} pixels); if the images are "
+                                  "genuine, raise PIL.Image.MAX_IMAGE_PIXELS on purpose before reading")
+        return height, width
 
     def _replacer(self, reader: PackReader) -> Replace | None:
         """With ``on_error="skip"``: the next intact record after a damaged one (None: raise)."""
@@ -290,7 +301,13 @@ class PackedImageFolder(Dataset):
     def reader(self) -> PackReader:
         """This process's reader, opened on first use (and again after a fork or ``close``)."""
         if self._reader is None or self._reader.closed or self._reader.pid != os.getpid():
-            self._reader = PackReader(self.root, check_index=self.verify)
+            reader = PackReader(self.root, check_index=self.verify)
+            if reader.identity != self._identity:
+                reader.close()
+                raise PackChangedError(f"{self.root}: now holds another pack than the one this dataset opened "
+                                       "(it was packed again over it); create the dataset again to read the new "
+                                       "pack, or restore the old one")
+            self._reader = reader
         return self._reader
 
     def close(self) -> None:

@@ -6,11 +6,14 @@ routes where they give the same result: raw payloads need no decode at all, and 
 libjpeg-turbo via ``simplejpeg`` (the ``fast`` extra) when it is installed, which releases the
 GIL. With ``decode_size`` a JPEG is decoded at a reduced DCT scale that is still at least that
 size (``Image.draft``), much faster when the images are larger than the training resolution.
+
+The stored format code is not trusted: a pack may come from anyone. PIL opens a payload only as one
+of the formats packload decodes (``packer.format.DECODABLE``; never EPS, whose plugin runs
+Ghostscript), and libjpeg-turbo sees only payloads that start like a JPEG.
 """
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
 import numpy as np
@@ -18,6 +21,7 @@ import torch
 from PIL import Image
 
 from packer.errors import PackFormatError
+from packer.probe import NotDecodableError, open_image
 
 try:  # optional: pip install packload[fast]
     import simplejpeg
@@ -35,6 +39,7 @@ _TRANSPOSE = {
     8: Image.Transpose.ROTATE_90,
 }
 _SIMPLEJPEG_MODES = ("RGB", "L")  # CMYK/YCCK JPEGs go through PIL to match its colour conversion
+_JPEG_START = b"\xff\xd8\xff"  # start of image, then the first marker
 
 
 DECODE_ERRORS = (Image.DecompressionBombError, OSError, ValueError, SyntaxError)  # what decoders raise
@@ -45,6 +50,9 @@ def decode_failure(exc: BaseException, where: str) -> PackFormatError:
     if isinstance(exc, Image.DecompressionBombError):
         return PackFormatError(f"{where}: {exc}; if the image is genuine, raise PIL.Image.MAX_IMAGE_PIXELS on "
                                "purpose before reading")
+    if isinstance(exc, NotDecodableError) and exc.format is not None:  # an image, of a format not decoded
+        return PackFormatError(f"{where}: {exc}, so it is refused; convert the source image (to PNG, say) "
+                               "and pack again")
     return PackFormatError(f"{where}: cannot decode ({exc}); run `packload verify` on the pack")
 
 
@@ -80,7 +88,7 @@ def decode_pil(payload: memoryview | bytes, fmt: str, width: int, height: int,
     if fmt == "raw":
         image = Image.frombytes("RGB", (width, height), bytes(payload))
     else:
-        image = Image.open(io.BytesIO(payload))
+        image = open_image(payload)  # whatever the stored format says: only the formats packload decodes
         if decode_size is not None and image.format == "JPEG":
             height_min, width_min = _stored_size(decode_size, orientation)
             image.draft("RGB", (width_min, height_min))
@@ -99,7 +107,7 @@ def decode_array(payload: memoryview | bytes, fmt: str, mode: str, width: int, h
     if fmt == "raw" and orientation not in _TRANSPOSE:
         return raw_array(payload, width, height).copy()
     if fmt in ("JPEG", "MPO") and fast_jpeg and simplejpeg is not None and mode in _SIMPLEJPEG_MODES \
-            and orientation not in _TRANSPOSE:
+            and orientation not in _TRANSPOSE and payload[:3] == _JPEG_START:
         min_h, min_w = decode_size if decode_size is not None else (0, 0)
         try:
             _check_pixel_limit(*simplejpeg.decode_jpeg_header(payload)[:2])  # PIL's bomb limit, as Image.open

@@ -10,8 +10,6 @@ finds, the command exits 0.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
 import sys
@@ -351,14 +349,3 @@ def format_report(report: dict[str, Any]) -> list[str]:
         lines += _check_lines(item)
     lines += ["", f"Verdict: {report['verdict']}", f"({report['seconds']:.1f} s)"]
     return lines
-
-
-# -- command line ----------------------------------------------------------------------------------
-def run(args: argparse.Namespace) -> int:
-    """Run ``doctor`` from parsed arguments and print the report; 0 whatever it finds."""
-    report = doctor(args.path, batch_size=args.batch_size, step_ms=args.step_ms, model=args.model,
-                    workers=args.workers, max_batches=args.max_batches, repeats=args.repeats, crop=args.crop,
-                    measure=not args.no_measure,
-                    progress=not (args.quiet or args.json))
-    print(json.dumps(report, ensure_ascii=False) if args.json else "\n".join(format_report(report)))
-    return 0

@@ -1,6 +1,10 @@
 """``FolderImages``: a plain ImageFolder-style dataset over the original files, one ``open()`` per
 sample. It is the baseline packload is measured against, and what ``tune``/``doctor`` read when
-given a raw folder. It needs no torchvision and scans exactly as ``pack`` does."""
+given a raw folder. It needs no torchvision and scans exactly as ``pack`` does.
+
+It reads as ``pack`` reads: regular files only, never past the size they had when opened (a file
+swapped for a FIFO or a device after the scan is refused, not waited on), and PIL opens only the
+formats packload decodes (``packer.format.DECODABLE``: no plugin that runs an external program)."""
 
 from __future__ import annotations
 
@@ -9,9 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from PIL import Image
 from torch.utils.data import Dataset
 
+from packer.probe import NotDecodableError, open_image
+from packer.safe_files import read_regular
 from packer.scan import scan_folder
 
 
@@ -19,7 +24,9 @@ class FolderImages(Dataset):
     """``(image, class_index)`` for every image file under ``root``, as torchvision's ImageFolder.
 
     ``output="pil"`` gives an RGB image (``Image.open(path).convert("RGB")``), ``output="bytes"``
-    the file's bytes undecoded.
+    the file's bytes undecoded. A file that is not a regular file any more raises ``OSError``
+    (``packer.safe_files.NotRegularFileError``), one in a format packload does not decode
+    ``NotDecodableError`` (an ``OSError`` too, as PIL's ``UnidentifiedImageError``); both name the file.
     """
 
     def __init__(self, root: str | os.PathLike[str], transform: Callable[[Any], Any] | None = None,
@@ -41,12 +48,13 @@ class FolderImages(Dataset):
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
         path, target = self.samples[index]
-        if self.output == "bytes":
-            with open(path, "rb") as f:
-                image: Any = f.read()
-        else:
-            with open(path, "rb") as f:
-                image = Image.open(f).convert("RGB")
+        data = read_regular(path)
+        image: Any = data
+        if self.output == "pil":
+            try:
+                image = open_image(data).convert("RGB")
+            except NotDecodableError as exc:
+                raise NotDecodableError(f"{path}: {exc}; convert it or remove it from the folder") from None
         if self.transform is not None:
             image = self.transform(image)
         if self.target_transform is not None:

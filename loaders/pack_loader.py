@@ -33,7 +33,7 @@ from packer.threads import single_core_torch_pool
 from .crop import CenterCrop
 from .dataset import PackedImageFolder
 from .measure import usable_cores
-from .read import parallel_reads
+from .prefetch import parallel_reads
 from .sampler import PackSampler
 
 _REMOTE_COPY_THREADS = 4  # threads copying batches on network and FUSE storage with no announcements (see __init__)

@@ -1,4 +1,8 @@
-"""Describe a pack (``info``) and check every byte of it against its checksums (``verify``)."""
+"""Describe a pack (``info``) and check every byte of it against its checksums (``verify``).
+
+The checks are also offered one by one (``file_problems``, ``manifest_problems``,
+``record_problem``), so that ``merge`` refuses exactly what ``verify`` reports as damaged without
+a second copy of them."""
 
 from __future__ import annotations
 
@@ -12,8 +16,9 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
+from packer.display import terminal_safe
 from packer.errors import PackFormatError
-from packer.format import PAYLOAD_FORMATS, decode_record_header, entry_path
+from packer.format import PAYLOAD_FORMATS, decode_record_header, entry_path, ignored_count, skipped_count
 from packer.pipeline import pack_size
 
 from .decode import decode_pil
@@ -39,14 +44,17 @@ def info(path: str | os.PathLike[str]) -> dict[str, Any]:
             "payload_bytes": manifest.get("payload_bytes"),
             "source": manifest.get("source", {}),
             "skipped": manifest["skipped"],
+            "skipped_count": skipped_count(manifest),
             "ignored": manifest.get("ignored", []),
+            "ignored_count": ignored_count(manifest),
             "options": manifest.get("options", {}),
             "created": manifest.get("created"),
             "packload_version": manifest.get("packload_version"),
         }
 
 
-def _sha256_file(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """The SHA-256 of the whole file ``path``, read in large blocks."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(HASH_BLOCK):
@@ -54,14 +62,17 @@ def _sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _check_files(reader: PackReader) -> list[dict[str, str]]:
-    """Whole-file checksums: every shard and the index (shards), the index (lmdb)."""
+def file_problems(reader: PackReader, shards: bool = True, index: bool = True) -> list[dict[str, str]]:
+    """Whole-file checksums against the manifest: every shard (of a shards pack; unless ``shards``
+    is False) and the index (unless ``index`` is False). Each problem names the file."""
     problems = []
     manifest = reader.manifest
-    if reader.backend == "shards":
+    if reader.backend == "shards" and shards:
         for part in manifest["parts"]:
-            if _sha256_file(reader.path / part["name"]) != part.get("sha256"):
+            if sha256_file(reader.path / part["name"]) != part.get("sha256"):
                 problems.append({"file": part["name"], "problem": "sha256 differs from the manifest"})
+    if not index:
+        return problems
     index_digest = hashlib.sha256(reader.index_bytes()).hexdigest()
     if index_digest != manifest.get("index", {}).get("sha256"):
         problems.append({"file": manifest.get("index", {}).get("name", "index"),
@@ -69,7 +80,7 @@ def _check_files(reader: PackReader) -> list[dict[str, str]]:
     return problems
 
 
-def _check_manifest(reader: PackReader) -> list[dict[str, str]]:
+def manifest_problems(reader: PackReader) -> list[dict[str, str]]:
     """The manifest's counts must agree with the index (the manifest has no checksum of its own)."""
     manifest, entries = reader.manifest, reader.entries
     name = "manifest.json" if reader.backend == "shards" else "#manifest"
@@ -81,7 +92,7 @@ def _check_manifest(reader: PackReader) -> list[dict[str, str]]:
     if manifest.get("payload_bytes") is not None and manifest["payload_bytes"] != int(entries["payload_len"].sum()):
         problems.append("payload_bytes disagrees with the index")
     files = manifest.get("source", {}).get("files")
-    if files is not None and files != reader.records + len(manifest["skipped"]):
+    if files is not None and files != reader.records + skipped_count(manifest):
         problems.append("source files disagree with the records and skipped files")
     # Counted with unique, not bincount: a damaged part number must not size an array.
     numbers, counts = np.unique(entries["part"], return_counts=True)
@@ -95,25 +106,35 @@ def _check_manifest(reader: PackReader) -> list[dict[str, str]]:
     return [{"file": name, "problem": problem} for problem in problems]
 
 
-def _check_record(reader: PackReader, i: int, decode: bool) -> str | None:
+def record_problem(reader: PackReader, i: int, decode: bool = False, payload: bool = True) -> str | None:
     """What is wrong with record ``i``, or None: its header must agree with the index, its payload
-    with its CRC-32, and (with ``decode``) the image must decode completely."""
+    with its CRC-32 (unless ``payload`` is False), and (with ``decode``) the image must decode
+    completely."""
     entry = reader.entries[i]
     part = reader.part_view(int(entry["part"]))
     try:
         meta, payload_start, payload_len, crc = decode_record_header(part, int(entry["record_offset"]))
     except PackFormatError as exc:
         return f"record header damaged ({exc})"
-    if (meta.record, payload_start, payload_len, crc, meta.label) != (
-            i, int(entry["payload_offset"]), int(entry["payload_len"]), int(entry["payload_crc32"]),
-            int(entry["label"])) or meta.path != entry_path(reader.entries, reader.paths, i):
+    try:
+        path = entry_path(reader.entries, reader.paths, i)
+    except PackFormatError as exc:
+        return f"index path damaged ({exc})"
+    described = (meta.record, payload_start, payload_len, crc, meta.label, meta.width, meta.height, meta.format,
+                 meta.mode, meta.orientation, meta.path)
+    if described != (i, int(entry["payload_offset"]), int(entry["payload_len"]), int(entry["payload_crc32"]),
+                     int(entry["label"]), int(entry["width"]), int(entry["height"]),
+                     PAYLOAD_FORMATS[int(entry["format"])], bytes(entry["mode"]).rstrip(b"\0").decode("ascii", "replace"),
+                     int(entry["orientation"]), path):
         return "record header disagrees with the index"
-    payload = part[payload_start : payload_start + payload_len]
-    if zlib.crc32(payload) != crc:
+    if not payload:
+        return None
+    data = part[payload_start : payload_start + payload_len]
+    if zlib.crc32(data) != crc:
         return "payload checksum mismatch: the stored bytes are damaged"
     if decode:
         try:
-            image = decode_pil(payload, PAYLOAD_FORMATS[int(entry["format"])], int(entry["width"]),
+            image = decode_pil(data, PAYLOAD_FORMATS[int(entry["format"])], int(entry["width"]),
                                int(entry["height"]))
             image.load()
         except Image.DecompressionBombError as exc:
@@ -128,19 +149,20 @@ def verify(path: str | os.PathLike[str], decode: bool = False, progress: bool = 
     """Check the whole pack: file checksums, then every record's header and payload CRC-32
     (and a full decode with ``decode=True``). Returns a report; ``ok`` is False if anything failed."""
     with PackReader(path) as reader:
-        file_problems = _check_files(reader) + _check_manifest(reader)
+        damaged_files = file_problems(reader) + manifest_problems(reader)
         bad = []
-        for i in tqdm(range(reader.records), unit="rec", desc=f"verify {reader.path.name}", disable=not progress):
-            problem = _check_record(reader, i, decode)
+        for i in tqdm(range(reader.records), unit="rec", desc=f"verify {terminal_safe(reader.path.name)}",
+                      disable=not progress):
+            problem = record_problem(reader, i, decode)
             if problem:
                 part = int(reader.entries["part"][i])
                 bad.append({"record": i, "path": reader.path_of(i), "problem": problem,
                             "part": reader.part_names[part] if reader.backend == "shards" else f"chunk {part}"})
         return {
             "path": str(reader.path),
-            "ok": not bad and not file_problems,
+            "ok": not bad and not damaged_files,
             "records": reader.records,
             "bad_records": bad,
-            "bad_files": file_problems,
+            "bad_files": damaged_files,
             "decoded": decode,
         }

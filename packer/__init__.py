@@ -6,8 +6,6 @@
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 from .encode import EncodeOptions  # noqa: E402
 from .errors import (  # noqa: E402
     ChecksumError,
@@ -21,6 +19,7 @@ from .errors import (  # noqa: E402
 from .merge import merge  # noqa: E402
 from .pipeline import pack  # noqa: E402
 from .ray_engine import pack_ray  # noqa: E402
+from .version import __version__
 
 __all__ = [
     "ChecksumError",

@@ -4,18 +4,23 @@ Each subcommand registers itself on the parser and runs through ``main(argv)``, 
 call directly. Reading-side subcommands import ``loaders`` only when they run, so ``pack``
 starts fast and the writer side never depends on the reader side. Bad input ends in one line
 on stderr and a non-zero exit, never a traceback.
+
+Class names, record paths and skipped file names come from data packload did not write, so every
+line printed goes through ``display.terminal_safe`` (an ESC sequence among them would drive the
+user's terminal, a newline would forge a line), and ``--json`` output escapes the controls that
+``json.dumps`` leaves raw.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import __version__
+from .display import json_text, safe_lines
 from .errors import PackloadError, UsageError
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -38,11 +43,13 @@ def parse_hw(text: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
+def _print_report(as_json: bool, result: Any, lines: Sequence[object]) -> None:
+    print(json_text(result) if as_json else safe_lines(lines))
+
+
 def _emit(args: argparse.Namespace, result: dict[str, Any], lines: list[str]) -> None:
-    if args.json:
-        print(json.dumps(result, ensure_ascii=False, default=str))
-    elif not getattr(args, "quiet", False) or not result.get("ok", True):
-        print("\n".join(lines))
+    if args.json or not getattr(args, "quiet", False) or not result.get("ok", True):
+        _print_report(args.json, result, lines)
 
 
 # -- pack ------------------------------------------------------------------------------------
@@ -142,12 +149,16 @@ def run_info(args: argparse.Namespace) -> int:
         f"  records   {result['records']}",
         f"  classes   {len(result['classes'])}" + ("" if result["labelled"] else " (unlabelled)"),
         f"  bytes     {result['pack_bytes']:,} on disk, {result['payload_bytes'] or 0:,} of images",
-        f"  skipped   {len(result['skipped'])} broken file(s), {len(result['ignored'])} left out",
+        f"  skipped   {result['skipped_count']} broken file(s), {result['ignored_count']} left out",
     ]
     lines += [f"    {name}: {counts.get(name, 0)}" for name in result["classes"][:20]]
     if len(result["classes"]) > 20:
         lines.append(f"    ... and {len(result['classes']) - 20} more classes")
-    lines += [f"  skipped {item['path']}: {item['reason']}" for item in result["skipped"][:20]]
+    for word, listed, count in (("skipped", result["skipped"], result["skipped_count"]),
+                                ("left out", result["ignored"], result["ignored_count"])):
+        lines += [f"  {word} {item['path']}: {item['reason']}" for item in listed[:20]]
+        if count > 20:
+            lines.append(f"    ... and {count - 20} more {word} (`packload info --json` lists {min(count, len(listed))})")
     _emit(args, result, lines)
     return EXIT_OK
 
@@ -178,8 +189,9 @@ def run_verify(args: argparse.Namespace) -> int:
 def _add_unpack(sub: Any) -> None:
     p = sub.add_parser("unpack", help="write the images back out as a folder")
     p.add_argument("pack", help="an .lmdb file or shards folder")
-    p.add_argument("out", help="folder to write (must be new or empty)")
-    p.add_argument("--overwrite", action="store_true", help="write into a non-empty folder")
+    p.add_argument("out", help="folder to write (must be new or empty; never a symbolic link)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into a non-empty folder, replacing same-named files (never into the pack)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     p.add_argument("--json", action="store_true", help="print a machine-readable summary")
     p.set_defaults(run=run_unpack)
@@ -189,7 +201,12 @@ def run_unpack(args: argparse.Namespace) -> int:
     from loaders.unpack import unpack
 
     result = unpack(args.pack, args.out, overwrite=args.overwrite, progress=not (args.quiet or args.json))
-    _emit(args, result, [f"unpacked {result['files']} files ({result['bytes'] / 1e6:.1f} MB) into {result['out']}"])
+    lines = [f"unpacked {result['files']} files ({result['bytes'] / 1e6:.1f} MB) into {result['out']}"]
+    if result["renamed"]:
+        first = result["renamed"][0]
+        lines.append(f"{len(result['renamed'])} file(s) kept their whole name plus the new suffix, as their new "
+                     f"name was taken (e.g. {first['path']} -> {first['written_as']}); --json lists them")
+    _emit(args, result, lines)
     return EXIT_OK
 
 
@@ -268,7 +285,7 @@ def run_tune(args: argparse.Namespace) -> int:
         result.save(args.save)
     if args.plot:
         result.plot(args.plot)
-    print(result.to_json() if args.json else "\n".join(format_report(result)))
+    print(result.to_json() if args.json else safe_lines(format_report(result)))  # to_json: ASCII only
     return EXIT_OK
 
 
@@ -292,17 +309,28 @@ def _add_doctor(sub: Any) -> None:
 
 
 def run_doctor(args: argparse.Namespace) -> int:
-    from loaders.doctor import run
+    from loaders.doctor import doctor, format_report
 
-    return run(args)  # a diagnosis: exit 0 whatever it finds
+    report = doctor(args.path, batch_size=args.batch_size, step_ms=args.step_ms, model=args.model,
+                    workers=args.workers, max_batches=args.max_batches, repeats=args.repeats, crop=args.crop,
+                    measure=not args.no_measure, progress=not (args.quiet or args.json))
+    _print_report(args.json, report, [] if args.json else format_report(report))
+    return EXIT_OK  # a diagnosis: exit 0 whatever it finds
 
 
 COMMANDS: tuple[Callable[[Any], None], ...] = (_add_pack, _add_merge, _add_info, _add_verify, _add_unpack,
                                                _add_tune, _add_doctor, _add_demo)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, whose messages (usage errors quote what was typed: a file name, say) are printed safely."""
+
+    def _print_message(self, message: str, file: Any = None) -> None:
+        super()._print_message(safe_lines(message.split("\n")) if message else message, file)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="packload", description="Pack image folders and load them fast in PyTorch.")
+    parser = _Parser(prog="packload", description="Pack image folders and load them fast in PyTorch.")
     parser.add_argument("--version", action="version", version=f"packload {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for register in COMMANDS:
@@ -315,13 +343,13 @@ def _run(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
     try:
         return args.run(args)
     except UsageError as exc:
-        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        print(safe_lines([f"{parser.prog}: error: {exc}"]), file=sys.stderr)
         return EXIT_USAGE
     except PackloadError as exc:
-        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        print(safe_lines([f"{parser.prog}: error: {exc}"]), file=sys.stderr)
         return EXIT_ERROR
     except OSError as exc:  # a file we could not read or write: name it, no traceback
-        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        print(safe_lines([f"{parser.prog}: error: {exc}"]), file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         print(f"{parser.prog}: interrupted; an unfinished pack can be finished with --resume", file=sys.stderr)
@@ -335,8 +363,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def pack_main(argv: Sequence[str] | None = None) -> int:
     """``pack SRC DEST ...``, the short form of ``packload pack``."""
-    parser = argparse.ArgumentParser(prog="pack", description="Pack an image folder into an .lmdb file "
-                                     "or a shards folder (short for `packload pack`).")
+    parser = _Parser(prog="pack", description="Pack an image folder into an .lmdb file "
+                     "or a shards folder (short for `packload pack`).")
     add_pack_arguments(parser)
     parser.set_defaults(run=run_pack)
     return _run(parser, argv)

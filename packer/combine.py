@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
-import shutil
 import struct
 import zlib
 from collections.abc import Callable, Iterable
@@ -95,13 +94,47 @@ def _patch_shard(path: Path, part: int, rows: np.ndarray, first_record: int, new
     return digest
 
 
+HASH_BLOCK = 8 << 20  # bytes read at a time when copying or hashing a shard
+
+
+def _copy_hashed(src: Path, dst: Path) -> str:
+    """Copy ``src`` to a new file ``dst`` (durable on return); the SHA-256 of the bytes copied."""
+    digest = hashlib.sha256()
+    with open(src, "rb") as source, open(dst, "xb") as target:
+        while block := source.read(HASH_BLOCK):
+            digest.update(block)
+            target.write(block)
+        target.flush()
+        os.fsync(target.fileno())
+    return digest.hexdigest()
+
+
+def _hash_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(HASH_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _link_or_copy(src: Path, dst: Path) -> str:
+    """Hard-link ``src`` as ``dst`` (copied across file systems); the SHA-256 of what ``dst`` holds."""
+    try:
+        os.link(src, dst)
+    except OSError:  # another file system: a copy, durable before any manifest names it
+        return _copy_hashed(src, dst)
+    return _hash_file(dst)
+
+
 def place_shards(source: ShardSource, out: Path, part_base: int, record_base: int,
                  move: bool = False) -> list[dict[str, Any]]:
     """Put ``source``'s shards into ``out`` as parts ``part_base``, ``part_base + 1``, … holding
     records from ``record_base`` on. ``move`` renames the files (they are ours to change, just
-    written: their headers are not checked again); otherwise a shard that needs no change is
-    hard-linked (copied across file systems) and any other is copied and checked, so the source
-    pack is never modified. Returns the new manifest entries."""
+    written: they are not checked again); otherwise a shard that needs no change is hard-linked
+    (copied across file systems) and any other is copied and patched, so the source pack is never
+    modified, and each one's SHA-256 (of the link, or of the bytes as they are copied) must be the
+    one in the source's manifest: ``PackFormatError`` names a damaged shard. Returns the new
+    manifest entries."""
     placed = []
     first = 0
     bounds = np.searchsorted(source.entries["part"], np.arange(len(source.parts) + 1))  # parts ascend
@@ -109,19 +142,14 @@ def place_shards(source: ShardSource, out: Path, part_base: int, record_base: in
         rows = source.entries[bounds[k] : bounds[k + 1]]
         src, dst = source.folder / part["name"], out / shard_name(part_base + k)
         unchanged = part_base + k == k and record_base == 0 and source.label_map is None
-        if not part.get("sha256"):  # written without a hash: compute it (a patch in place that changes nothing)
-            unchanged = False
         if move:
+            unchanged = unchanged and bool(part.get("sha256"))  # written unhashed: hash it when patching
             os.replace(src, dst)
-        elif unchanged:
-            try:
-                os.link(src, dst)
-            except OSError:  # another file system: a copy, durable before any manifest names it
-                shutil.copyfile(src, dst)
-                with open(dst, "rb") as f:
-                    os.fsync(f.fileno())
         else:
-            shutil.copyfile(src, dst)
+            digest = _link_or_copy(src, dst) if unchanged else _copy_hashed(src, dst)
+            if digest != part.get("sha256"):
+                raise PackFormatError(f"{src}: sha256 differs from the manifest; the pack is damaged: run "
+                                      f"`packload verify {source.folder}`, then re-copy or re-pack it")
         sha = part["sha256"] if unchanged else _patch_shard(
             dst, part_base + k, rows, first, record_base + first, source.label_map, check=not move)
         placed.append({"name": dst.name, "records": int(len(rows)), "sha256": sha, "size": dst.stat().st_size})

@@ -7,6 +7,7 @@ broken file can neither stop a pack nor reach a training loop.
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import warnings
@@ -14,6 +15,7 @@ import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from stat import S_ISREG
 from typing import Any
 
 import numpy as np
@@ -25,8 +27,9 @@ except ImportError:  # pragma: no cover - PIL does everything without it
     simplejpeg = None
 
 from .format import ENCODINGS, RAW_CHANNELS
-from .probe import EXIF_ORIENTATION, BombError, ImageHeader, probe
-from .scan import Sample
+from .probe import EXIF_ORIENTATION, BombError, ImageHeader, NotDecodableError, open_image, probe
+from .safe_files import FileChangedError, NotRegularFileError, kind_of, read_open_file, read_regular
+from .scan import NOT_REGULAR, Sample
 
 CHECKS = ("fast", "full")
 
@@ -261,40 +264,55 @@ def _channels_last_resize(torch: Any) -> Any:
         return False
 
 
-_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+# Non-blocking: a FIFO that took a file's place since the scan must not stop the open; no
+# controlling terminal from a terminal device either.
+_OPEN_FLAGS = (os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+               | getattr(os, "O_CLOEXEC", 0))
 # The first read of a file asks for this much: a regular file shorter than that comes whole in one
-# call, without the fstat (and its Python object) that sizing it would take.
+# call, without the fstat (and its Python object) that sizing it would take. It is a positioned
+# read, which pipes, FIFOs, sockets and terminals refuse (ESPIPE): data from those never passes for
+# a short file. A read this long is sized by ``_read_rest``, which refuses anything but a regular file.
 FIRST_READ = 64 << 10
 
 
 def _read_file(path: str) -> bytes:
-    """The whole file, with one ``read`` call for a regular file (``open().read()`` takes more)."""
-    fd = os.open(path, _OPEN_FLAGS)
-    try:
-        return _read_rest(fd, b"")
-    finally:
-        os.close(fd)
+    """The whole regular file at ``path``: ``NotRegularFileError`` for anything else (checked after
+    opening without blocking), ``FileChangedError`` when its size changes while it is read."""
+    return read_regular(path)
 
 
-def _read_rest(fd: int, start: bytes) -> bytes:
-    """The whole file open at ``fd``, whose first bytes ``start`` were read already."""
-    size = os.fstat(fd).st_size
-    data = os.pread(fd, size + 1, 0) if start else os.read(fd, size + 1)
-    if len(data) == size:
-        return data
-    parts = [data]  # changed size since fstat, or not a regular file: read on to the end
-    while part := os.read(fd, 1 << 20):
-        parts.append(part)
-    return b"".join(parts)
+def _read_rest(fd: int, start: bytes, path: str) -> bytes:
+    """The whole file open at ``fd``, whose first bytes ``start`` were read already; as ``_read_file``,
+    never more than the size seen by ``fstat`` (a device would give bytes without end)."""
+    info = os.fstat(fd)
+    if not S_ISREG(info.st_mode):
+        raise NotRegularFileError(errno.EINVAL, f"{kind_of(info.st_mode)}, {NOT_REGULAR}", path)
+    return read_open_file(fd, info.st_size, path, start)
+
+
+def _unreadable(exc: OSError, path: str) -> str:
+    """The reason the file at ``path`` is skipped, which could not be read with ``exc``."""
+    if isinstance(exc, NotRegularFileError):
+        return str(exc.strerror)  # "a FIFO (named pipe), not a regular file"
+    if isinstance(exc, FileChangedError):
+        return f"{exc.strerror}: something is writing to it; pack again once it is complete"
+    try:  # a socket cannot even be opened (ENXIO): say what it is rather than the error's text
+        mode = os.stat(path).st_mode
+    except OSError:
+        mode = 0
+    if mode and not S_ISREG(mode):
+        return f"{kind_of(mode)}, {NOT_REGULAR}"
+    return f"unreadable: {exc.strerror or exc}"
 
 
 def encode_file(root: str, sample: Sample, options: EncodeOptions, prefix: str | None = None) -> Encoded | Skipped:
     """Read, check and encode one source file; any problem with the file becomes ``Skipped``.
     ``prefix`` is ``os.path.join(root, "")``, when the caller has it at hand."""
+    path = (prefix or os.path.join(root, "")) + sample.path
     try:
-        data = _read_file((prefix or os.path.join(root, "")) + sample.path)
+        data = _read_file(path)
     except OSError as exc:
-        return Skipped(sample.path, f"unreadable: {exc.strerror or exc}")
+        return Skipped(sample.path, _unreadable(exc, path))
     if not data:
         return Skipped(sample.path, "empty file (0 bytes)")
     keep = options.encoding == "keep"
@@ -318,7 +336,7 @@ def encode_file(root: str, sample: Sample, options: EncodeOptions, prefix: str |
     try:
         with _pixel_limit(options.max_pixels), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # palette-transparency and large-image notes
-            image = Image.open(io.BytesIO(data))
+            image = open_image(data)  # the formats packload decodes only: no plugin that runs programs
             problem = truncation_problem(data, image.format)
             if problem:
                 return Skipped(sample.path, problem)
@@ -329,8 +347,8 @@ def encode_file(root: str, sample: Sample, options: EncodeOptions, prefix: str |
                 return Encoded(sample.path, sample.label, data, image.width, image.height, image.mode,
                                image.format or "other", orientation, len(data), zlib.crc32(data))
             payload, width, height, mode, fmt = _reencode(image, options)
-    except Image.UnidentifiedImageError:
-        return Skipped(sample.path, "not an image PIL can identify (wrong extension or damaged header)")
+    except NotDecodableError as exc:
+        return Skipped(sample.path, str(exc))
     except Image.DecompressionBombError as exc:
         return _bomb(sample, options, exc)
     except Exception as exc:  # noqa: BLE001 - PIL raises many types on hostile data; each is a skip
@@ -360,22 +378,22 @@ def _keep_chunk(root: str, prefix: str, samples: list[Sample], options: EncodeOp
     other file, and any file with a problem, goes through ``encode_file``, which gives the reason."""
     out: list[Encoded | Skipped] = []
     append = out.append
-    open_, read, close, crc32 = os.open, os.read, os.close, zlib.crc32
+    open_, pread, close, crc32 = os.open, os.pread, os.close, zlib.crc32
     flags, max_pixels, first_read = _OPEN_FLAGS, options.max_pixels, FIRST_READ
     for sample in samples:
         path, label = sample
         try:
             fd = open_(prefix + path, flags)
             try:
-                data = read(fd, first_read)  # a shorter answer means the end of the file
+                data = pread(fd, first_read, 0)  # a shorter answer means the end of the (regular) file
                 if len(data) == first_read:
-                    data = _read_rest(fd, data)
+                    data = _read_rest(fd, data, path)
             finally:
                 close(fd)
             header = probe(data, max_pixels) if data else None
         except (OSError, BombError):
             header = None
-        if header is None:  # not a plain JPEG or PNG, unreadable, changed while read, or too large
+        if header is None:  # not a plain JPEG or PNG, unreadable, not a regular file, changed while read
             append(encode_file(root, sample, options, prefix))
             continue
         fmt = header.format

@@ -23,6 +23,10 @@ class IncompletePackError(PackFormatError):
     """A pack whose writing did not finish (no manifest); ``pack --resume`` can finish it."""
 
 
+class PackChangedError(PackFormatError):
+    """The path now holds another pack than the one a dataset opened (it was packed again over it)."""
+
+
 class ChecksumError(PackFormatError):
     """A record whose bytes do not match the checksum stored when it was packed."""
 

@@ -13,15 +13,19 @@ little-endian; offsets and lengths are 64-bit. ``docs/FORMAT.md`` describes the 
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
 import struct
+import uuid
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .errors import PackFormatError
+from .version import __version__
 
 FORMAT_NAME = "packload"
 FORMAT_VERSION = 1
@@ -110,12 +114,26 @@ assert SHARD_HEADER.itemsize == 16
 PAYLOAD_FORMATS = ("raw", "JPEG", "PNG", "BMP", "TIFF", "WEBP", "PPM", "MPO", "other")
 FORMAT_CODE = {name: code for code, name in enumerate(PAYLOAD_FORMATS)}
 RAW_CHANNELS = 3
+# The image formats packload lets Pillow decode, at pack time and at read time (Pillow's
+# ``Image.open(..., formats=DECODABLE)``): the ImageFolder extensions' formats and GIF. Others are
+# refused, because some of Pillow's plugins start external programs (EPS and PS run Ghostscript)
+# and every plugin is code run on data from elsewhere.
+DECODABLE = ("JPEG", "MPO", "PNG", "BMP", "TIFF", "WEBP", "PPM", "GIF")
 
 _HEADER_BODY = struct.Struct("<QQIiIIHBB8sI")  # the header after magic and header_crc32
 assert _HEADER_BODY.size + 8 == RECORD_HEADER.itemsize
 
 # Manifest fields every reader checks before anything else.
 MANIFEST_REQUIRED = ("format", "version", "backend", "encoding", "records", "classes", "skipped")
+# A reader refuses a larger manifest before parsing it (every DataLoader worker parses its own):
+# writers keep theirs far below by listing at most this many skipped and left-out files.
+MANIFEST_LIMIT = 64 << 20
+SKIPPED_LISTED = 100_000  # broken files named in the manifest; the rest are counted (``skipped_count``)
+IGNORED_LISTED = 1_000  # files left out (not images, hidden) named; the rest counted by reason
+# Index offsets and lengths must stay below this, so that the sum of any two fits a signed 64-bit
+# integer (readers compute byte ranges in int64, and hand addresses to compiled code).
+INDEX_VALUE_LIMIT = 1 << 62
+MAX_ORIENTATION = 8  # EXIF orientations are 1..8; 0 means none
 
 
 @dataclass(frozen=True)
@@ -268,6 +286,13 @@ def decode_index(buf: bytes | memoryview, where: str) -> tuple[np.ndarray, bytes
         raise PackFormatError(f"{where}: index points past its paths blob; the pack is damaged")
     if count and int(entries["format"].max()) >= len(PAYLOAD_FORMATS):
         raise PackFormatError(f"{where}: index holds an unknown payload format code; the pack is damaged")
+    if count and int(entries["orientation"].max()) > MAX_ORIENTATION:
+        raise PackFormatError(f"{where}: index holds an EXIF orientation above {MAX_ORIENTATION}; the pack is damaged")
+    for name in ("payload_offset", "payload_len", "record_offset", "path_offset"):
+        if count and int(entries[name].max()) >= INDEX_VALUE_LIMIT:
+            first = int(np.flatnonzero(entries[name] >= np.uint64(INDEX_VALUE_LIMIT))[0])
+            raise PackFormatError(f"{where}: record {first}: index {name} {int(entries[name][first])} is past any "
+                                  "file's size; the pack is damaged")
     # Each payload follows its header and path: payload_offset == record_offset + 56 + path_len.
     headers = entries["record_offset"] + np.uint64(RECORD_HEADER.itemsize) + entries["path_len"].astype(np.uint64)
     wrong = (headers != entries["payload_offset"]) | (headers < entries["record_offset"])
@@ -323,7 +348,11 @@ def encode_manifest(manifest: dict[str, Any]) -> bytes:
 
 
 def decode_manifest(raw: bytes, where: str) -> dict[str, Any]:
-    """Parse and check a manifest: it must be ours, of a version we read, and well formed."""
+    """Parse and check a manifest: it must be ours, of a version we read, and well formed (and no
+    larger than ``MANIFEST_LIMIT``: checked before parsing)."""
+    if len(raw) > MANIFEST_LIMIT:
+        raise PackFormatError(f"{where}: manifest of {len(raw):,} bytes, more than the {MANIFEST_LIMIT:,} a "
+                              "packload manifest may take; the pack is damaged or not a packload pack")
     try:
         manifest = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
@@ -370,6 +399,10 @@ _OPTIONAL_FIELDS: dict[str, tuple[str, Any]] = {
         isinstance(v.get(k, ""), str) for k in ("name", "sha256")) and _is_int(v.get("size", 0))),
     "created": ("a date string", lambda v: isinstance(v, str)),
     "packload_version": ("a version string", lambda v: isinstance(v, str)),
+    "id": ("a string", lambda v: isinstance(v, str) and 0 < len(v) <= 256),
+    "skipped_count": ("a count", _is_int),
+    "ignored_count": ("a count", _is_int),
+    "ignored_by_reason": ("an object of counts", lambda v: isinstance(v, dict) and all(map(_is_int, v.values()))),
 }
 
 
@@ -390,3 +423,55 @@ def _check_optional_fields(manifest: dict[str, Any], where: str) -> None:
         expected = "an object with chunks and chunk_size"
     if not good:
         raise PackFormatError(f"{where}: manifest parts must be {expected}; the pack is damaged")
+
+
+def skipped_count(manifest: dict[str, Any]) -> int:
+    """How many source files were skipped as broken (the manifest lists at most ``SKIPPED_LISTED``)."""
+    return int(manifest.get("skipped_count", len(manifest["skipped"])))
+
+
+def ignored_count(manifest: dict[str, Any]) -> int:
+    """How many files were left out as not images (the manifest lists at most ``IGNORED_LISTED``)."""
+    return int(manifest.get("ignored_count", len(manifest.get("ignored", []))))
+
+
+def build_manifest(*, backend: str, encoding: str, source: dict[str, Any], labelled: bool, classes: list[str],
+                   labels: np.ndarray, payload_bytes: int, skipped: Sequence[dict[str, Any]],
+                   ignored: Sequence[dict[str, Any]], options: dict[str, Any],
+                   extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The manifest of a new pack (before its writer adds ``parts`` and ``index``), built the same
+    way by every writer: ``pack``, ``merge`` and the Ray engine.
+
+    ``labels`` are the records' class indices; ``skipped`` and ``ignored`` are ``{path, reason}``
+    entries (other keys are dropped). Long lists are cut to ``SKIPPED_LISTED`` / ``IGNORED_LISTED``
+    entries with their full counts beside them (left-out files also counted by reason), so that the
+    manifest stays small enough for every reader to parse. ``id`` is new for every pack written: a
+    reader that reopens a path notices when it holds another pack than the one it opened."""
+    ignored = list(ignored)
+    by_reason: dict[str, int] = {}
+    for item in ignored:
+        by_reason[str(item.get("reason", ""))] = by_reason.get(str(item.get("reason", "")), 0) + 1
+    manifest: dict[str, Any] = {
+        "format": FORMAT_NAME,
+        "version": FORMAT_VERSION,
+        "id": uuid.uuid4().hex,
+        "backend": backend,
+        "encoding": encoding,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "packload_version": __version__,
+        "source": source,
+        "labelled": labelled,
+        "classes": list(classes),
+        "class_counts": {name: int(n) for name, n in
+                         zip(classes, np.bincount(labels[labels >= 0], minlength=len(classes)).tolist(), strict=True)},
+        "records": int(len(labels)),
+        "payload_bytes": int(payload_bytes),
+        "skipped": [{"path": s["path"], "reason": s["reason"]} for s in skipped[:SKIPPED_LISTED]],
+        "skipped_count": len(skipped),
+        "ignored": [{"path": i["path"], "reason": i["reason"]} for i in ignored[:IGNORED_LISTED]],
+        "ignored_count": len(ignored),
+        "ignored_by_reason": dict(sorted(by_reason.items())),
+        "options": options,
+    }
+    manifest.update(extra or {})
+    return manifest

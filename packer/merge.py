@@ -5,26 +5,57 @@ the inputs' classes, as ImageFolder would number the classes of the combined fol
 OUT, shards of shards inputs are reused: hard-linked when nothing in them changes, else copied and
 renumbered in place (``packer.combine``); records of LMDB inputs are copied into new shards.
 Into an LMDB OUT every record is copied, chunked as ``pack`` would. OUT is written as
-``OUT.partial`` and published by rename, as ``pack`` does.
+``OUT.partial`` and published by rename, under OUT's lock, as ``pack`` does; ``overwrite``
+replaces only a pack (``packer.destination``).
+
+A merged pack is written afresh (new index, manifest, header checksums), so it would hide any
+damage in what it copies. Merge therefore checks its inputs as ``verify`` does and refuses a
+damaged one, naming it and the problem: each index against its manifest's sha256 and the manifest's
+counts against the index, before anything is written; then each shard it links or copies against
+the manifest's sha256 (hashed as it is copied), and every record it copies one by one (header
+against the index, payload against its CRC-32). A refused merge leaves no OUT behind.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import hashlib
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import lmdb
 import numpy as np
 from tqdm import tqdm
 
-from . import __version__
 from .combine import ShardSource, copy_records, joined_index, label_map, place_shards
-from .errors import UsageError
-from .format import FORMAT_NAME, FORMAT_VERSION, INDEX_NAME, MANIFEST_NAME, decode_index, encode_manifest
-from .pipeline import LMDB_MAP_PER_FILE, _publish, _remove, backend_for, pack_size, partial_path
+from .destination import (
+    DestinationLock,
+    check_apart,
+    check_destination,
+    check_name,
+    check_parent,
+    check_partial,
+    creation_error,
+    exists,
+    partial_path,
+    publish,
+    remove_ours,
+    system_reason,
+)
+from .display import terminal_safe
+from .errors import PackFormatError, UsageError
+from .format import (
+    INDEX_NAME,
+    MANIFEST_NAME,
+    build_manifest,
+    decode_index,
+    encode_manifest,
+    ignored_count,
+    skipped_count,
+)
+from .pipeline import LMDB_MAP_PER_FILE, backend_for, pack_size
 from .write_lmdb import LmdbWriter
 from .write_shards import ShardsWriter, fsync_dir, write_file_atomic
 
@@ -32,17 +63,83 @@ from .write_shards import ShardsWriter, fsync_dir, write_file_atomic
 PAYLOAD_OPTIONS = ("encoding", "quality", "max_side", "size")
 
 
-def _check_inputs(out: Path, inputs: list[Path]) -> None:
-    """Refuse a pack given twice, and an OUT that is one of the inputs or inside one."""
+def _check_inputs(inputs: list[Path]) -> None:
+    """Refuse a pack given twice (under any two names of it)."""
     seen: dict[Path, Path] = {}
     for path in inputs:
         real = path.resolve()
         if real in seen:
             raise UsageError(f"{path}: given twice (as {seen[real]} too); give each pack once")
         seen[real] = path
-        out_real = out.resolve()
-        if out_real == real or real in out_real.parents:
-            raise UsageError(f"{out}: is the input pack {path} or inside it; write the merged pack elsewhere")
+
+
+def damaged(reader: Any, where: str, problem: str) -> PackFormatError:
+    """The one-line refusal of a damaged input: the pack, where in it, what is wrong, what to do."""
+    return PackFormatError(f"{reader.path}: {where}: {problem}; the pack is damaged, and merge does not copy "
+                           f"damage: run `packload verify {reader.path}`, then re-copy or re-pack it")
+
+
+def _open_checked(path: Path) -> Any:
+    """Open input ``path``, its index checked against the manifest's sha256 and the manifest's
+    counts against the index (``loaders.verify``)."""
+    from loaders.read import PackReader  # the reading side, needed only here
+    from loaders.verify import manifest_problems
+
+    try:
+        reader = PackReader(path, check_index=True)
+    except lmdb.Error as exc:
+        raise PackFormatError(f"{path}: cannot be read as LMDB ({system_reason(exc)}); the pack is damaged: run "
+                              f"`packload verify {path}`, then re-copy or re-pack it") from None
+    try:
+        problems = manifest_problems(reader)
+        if problems:
+            raise damaged(reader, problems[0]["file"], problems[0]["problem"])
+    except BaseException:
+        reader.close()
+        raise
+    return reader
+
+
+def checked_payloads(reader: Any, payload: bool = True) -> Callable[[int], memoryview]:
+    """``payload(i)`` for ``copy_records`` that first checks record ``i`` as ``verify`` does (header
+    against the index, payload against its CRC-32) and refuses a damaged one."""
+    from loaders.verify import record_problem
+
+    def checked(i: int) -> memoryview:
+        try:
+            problem = record_problem(reader, i, payload=payload)
+            data = reader.payload(i)
+        except lmdb.Error as exc:  # LMDB's own pages damaged
+            problem = f"LMDB could not read it ({system_reason(exc)})"
+        if problem:
+            raise damaged(reader, f"record {i} ({terminal_safe(_path_or_number(reader, i))})", problem)
+        return data
+
+    return checked
+
+
+def _path_or_number(reader: Any, i: int) -> str:
+    try:
+        return reader.path_of(i)
+    except PackFormatError:
+        return f"record {i}"
+
+
+def _check_shard_files(reader: Any) -> None:
+    """Every shard of a shards input against the manifest's sha256 (before its records are copied)."""
+    from loaders.verify import file_problems
+
+    problems = file_problems(reader, index=False)
+    if problems:
+        raise damaged(reader, problems[0]["file"], problems[0]["problem"])
+
+
+def _check_headers(reader: Any) -> None:
+    """Every record header of a shards input against its index (its shards are reused, not copied
+    record by record; their bytes are checked by their sha256 as they are placed)."""
+    check = checked_payloads(reader, payload=False)
+    for i in range(reader.records):
+        check(i)
 
 
 def _payload_options(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -78,82 +175,107 @@ def _check_compatible(readers: list[Any]) -> None:
 def merge(out: str | os.PathLike[str], inputs: list[str | os.PathLike[str]], *, backend: str | None = None,
           overwrite: bool = False, progress: bool = True) -> dict[str, Any]:
     """Join the complete packs ``inputs`` into ``out`` (an LMDB file or shards folder; the suffix
-    picks, as for ``pack``). Classes become the sorted union; records keep their order.
-    Returns a summary."""
-    from loaders.read import PackReader  # the reading side, needed only here
-
+    picks, as for ``pack``). Classes become the sorted union; records keep their order. Damaged
+    inputs are refused (see the module's notes). Returns a summary."""
     started = time.perf_counter()
     out_path, paths = Path(out), [Path(p) for p in inputs]
     if not paths:
         raise UsageError("merge: give at least one pack to merge")
     backend = backend_for(out_path, backend)
-    _check_inputs(out_path, paths)
-    parent = out_path.parent if str(out_path.parent) else Path(".")
-    if not parent.is_dir():
-        raise UsageError(f"{out_path}: the folder {parent} does not exist; create it first")
-    if (out_path.exists() or out_path.is_symlink()) and not overwrite:
-        raise UsageError(f"{out_path}: already exists; add --overwrite to replace it, or choose another name")
-    tmp = partial_path(out_path)
-    if tmp.exists() or Path(str(tmp) + "-lock").exists():
-        if not overwrite:
-            raise UsageError(f"{tmp}: an unfinished pack or merge is there; add --overwrite to replace it")
-        _remove(tmp)
-
-    readers: list[Any] = []
-    try:
-        for path in paths:
-            readers.append(PackReader(path))
-        _check_compatible(readers)
-        labelled = bool(readers[0].manifest.get("labelled", True)) and any(r.classes for r in readers)
-        classes = sorted({name for r in readers for name in r.classes}) if labelled else []
-        maps = [label_map(r.classes, classes) if labelled else None for r in readers]
-        total = sum(r.records for r in readers)
-        bar = tqdm(total=total, unit="rec", disable=not progress, dynamic_ncols=True, desc=f"merge {out_path.name}")
+    _check_inputs(paths)
+    check_name(out_path)
+    check_apart(out_path, paths, "the input pack")
+    check_parent(out_path)
+    with DestinationLock(out_path):
+        check_destination(out_path, overwrite)
+        tmp = partial_path(out_path)
+        if check_partial(tmp):
+            if not overwrite:
+                raise UsageError(f"{tmp}: an unfinished pack or merge is there; add --overwrite to replace it")
+            remove_ours(tmp)
+        readers: list[Any] = []
         try:
-            if backend == "shards":
-                tmp.mkdir()
-                index, labels, parts, linked = _merge_shards(readers, maps, tmp, bar)
-            else:
-                writer = LmdbWriter(tmp, max(1 << 30, total * LMDB_MAP_PER_FILE))
-                try:
-                    for reader, mapping in zip(readers, maps, strict=True):
-                        copy_records(reader.entries, reader.paths, reader.payload, writer.write, mapping)
-                        bar.update(reader.records)
-                    labels = np.concatenate([_labels(r, m) for r, m in zip(readers, maps, strict=True)])
-                    manifest = _manifest(readers, classes, labelled, labels, backend)
-                    manifest = writer.finish(manifest)
-                finally:
-                    writer.close()
-                linked = 0
+            for path in paths:
+                readers.append(_open_checked(path))
+            _check_compatible(readers)
+            manifest, maps, linked = _merge_into(readers, tmp, backend, out_path, progress)
         finally:
-            bar.close()
-        if backend == "shards":
-            manifest = _manifest(readers, classes, labelled, labels, backend)
-            write_file_atomic(tmp / INDEX_NAME, index)
-            manifest.update(parts=parts, index={"name": INDEX_NAME, "size": len(index),
-                                                "sha256": hashlib.sha256(index).hexdigest()})
-            write_file_atomic(tmp / MANIFEST_NAME, encode_manifest(manifest))
-            fsync_dir(tmp)
-    except BaseException:
-        if tmp.exists():
-            _remove(tmp)
-        raise
-    finally:
-        for reader in readers:
-            reader.close()
-    _publish(tmp, out_path)
+            for reader in readers:
+                reader.close()
+        publish(tmp, out_path)
     return {
         "destination": str(out_path),
         "backend": backend,
         "encoding": manifest["encoding"],
         "inputs": [str(p) for p in paths],
         "records": manifest["records"],
-        "classes": len(classes),
+        "classes": len(manifest["classes"]),
         "remapped": sum(m is not None for m in maps),
         "shards_linked": linked,
         "pack_bytes": pack_size(out_path),
         "seconds": round(time.perf_counter() - started, 3),
     }
+
+
+def _merge_into(readers: list[Any], tmp: Path, backend: str, out_path: Path,
+                progress: bool) -> tuple[dict[str, Any], list[np.ndarray | None], int]:
+    """Write the merged pack into ``tmp`` (removed again on any error); its manifest, the label maps
+    and the number of shards hard-linked."""
+    labelled = bool(readers[0].manifest.get("labelled", True)) and any(r.classes for r in readers)
+    classes = sorted({name for r in readers for name in r.classes}) if labelled else []
+    maps = [label_map(r.classes, classes) if labelled else None for r in readers]
+    total = sum(r.records for r in readers)
+    bar = tqdm(total=total, unit="rec", disable=not progress, dynamic_ncols=True,
+               desc=f"merge {terminal_safe(out_path.name)}")
+    try:
+        if backend == "shards":
+            _create(tmp, lambda: tmp.mkdir())
+            index, labels, parts, linked = _merge_shards(readers, maps, tmp, bar)
+            manifest = _manifest(readers, classes, labelled, labels, backend)
+            write_file_atomic(tmp / INDEX_NAME, index)
+            manifest.update(parts=parts, index={"name": INDEX_NAME, "size": len(index),
+                                                "sha256": hashlib.sha256(index).hexdigest()})
+            write_file_atomic(tmp / MANIFEST_NAME, encode_manifest(manifest))
+            fsync_dir(tmp)
+        else:
+            manifest = _merge_lmdb(readers, maps, tmp, classes, labelled, total, bar)
+            linked = 0
+    except lmdb.Error as exc:  # an input's LMDB file damaged where LMDB itself reads it
+        if exists(tmp):
+            remove_ours(tmp)
+        raise PackFormatError(f"{out_path}: an input could not be read ({system_reason(exc)}); run `packload "
+                              "verify` on each input, then re-copy or re-pack the damaged one") from None
+    except BaseException:
+        if exists(tmp):
+            remove_ours(tmp)
+        raise
+    finally:
+        bar.close()
+    return manifest, maps, linked
+
+
+def _create(path: Path, make: Callable[[], Any]) -> Any:
+    """``make()``, which creates ``path``; one line naming it if that fails."""
+    try:
+        return make()
+    except (OSError, lmdb.Error) as exc:
+        raise creation_error(path, exc) from None
+
+
+def _merge_lmdb(readers: list[Any], maps: list[np.ndarray | None], tmp: Path, classes: list[str], labelled: bool,
+                total: int, bar: tqdm) -> dict[str, Any]:
+    """Copy every input's records, checked, into the LMDB file ``tmp``; its manifest."""
+    writer = _create(tmp, lambda: LmdbWriter(tmp, max(1 << 30, total * LMDB_MAP_PER_FILE)))
+    try:
+        for reader, mapping in zip(readers, maps, strict=True):
+            if reader.backend == "shards":
+                _check_shard_files(reader)
+            copy_records(reader.entries, reader.paths, checked_payloads(reader), writer.write, mapping)
+            bar.update(reader.records)
+        labels = np.concatenate([_labels(r, m) for r, m in zip(readers, maps, strict=True)])
+        return writer.finish(_manifest(readers, classes, labelled, labels, "lmdb"))
+    finally:
+        writer.close()
 
 
 def _labels(reader: Any, mapping: np.ndarray | None) -> np.ndarray:
@@ -171,13 +293,14 @@ def _merge_shards(readers: list[Any], maps: list[np.ndarray | None], tmp: Path,
     record_base = 0
     for k, (reader, mapping) in enumerate(zip(readers, maps, strict=True)):
         if reader.backend == "shards":
+            _check_headers(reader)
             source = ShardSource(reader.path, reader.manifest["parts"], reader.entries, reader.paths, mapping)
-            placed = place_shards(source, tmp, len(parts), record_base)
-        else:  # an LMDB input: its records into shards of their own, then moved into place
+            placed = place_shards(source, tmp, len(parts), record_base)  # each shard checked by its sha256
+        else:  # an LMDB input: its records, checked, into shards of their own, then moved into place
             staging = tmp / f".input-{k}"
             staging.mkdir()
             writer = ShardsWriter(staging, 256 << 20)
-            copy_records(reader.entries, reader.paths, reader.payload, writer.write)
+            copy_records(reader.entries, reader.paths, checked_payloads(reader), writer.write)
             writer.finish({})
             entries, paths = decode_index((staging / INDEX_NAME).read_bytes(), str(staging / INDEX_NAME))
             source = ShardSource(staging, writer.parts, entries, paths, mapping)
@@ -198,29 +321,42 @@ def _merge_shards(readers: list[Any], maps: list[np.ndarray | None], tmp: Path,
 
 def _manifest(readers: list[Any], classes: list[str], labelled: bool, labels: np.ndarray,
               backend: str) -> dict[str, Any]:
-    """The merged pack's manifest: counts summed, lists joined, options of the first input."""
+    """The merged pack's manifest: counts summed, lists joined (and capped, as ``build_manifest``
+    does, with the inputs' full counts summed), options of the first input."""
     manifests = [r.manifest for r in readers]
-    names = list(dict.fromkeys(str(m.get("source", {}).get("name", r.path.name)) for m, r in zip(manifests, readers,
-                                                                                                 strict=True)))
-    options = dict(manifests[0].get("options") or {}, backend=backend)
-    return {
-        "format": FORMAT_NAME,
-        "version": FORMAT_VERSION,
-        "backend": backend,
-        "encoding": manifests[0]["encoding"],
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "packload_version": __version__,
-        "source": {"name": "+".join(names), "files": sum(int(m.get("source", {}).get("files", 0)) for m in manifests),
-                   "bytes": sum(int(m.get("source", {}).get("bytes", 0)) for m in manifests)},
-        "labelled": labelled,
-        "classes": classes,
-        "class_counts": {name: int((labels == i).sum()) for i, name in enumerate(classes)},
-        "records": sum(r.records for r in readers),
-        "payload_bytes": sum(int(r.entries["payload_len"].sum()) for r in readers),
-        "skipped": [s for m in manifests for s in m["skipped"]],
-        "ignored": sorted((i for m in manifests for i in m.get("ignored", [])), key=lambda item: item["path"]),
-        "options": options,
-        "merged_from": [{"name": str(m.get("source", {}).get("name", r.path.name)), "records": r.records,
-                         "classes": r.classes, "index_sha256": hashlib.sha256(r.index_bytes()).hexdigest()}
-                        for m, r in zip(manifests, readers, strict=True)],
-    }
+    names = [str(m.get("source", {}).get("name", r.path.name)) for m, r in zip(manifests, readers, strict=True)]
+    skipped = [_entry(s) for m in manifests for s in m["skipped"]]
+    ignored = sorted((_entry(i) for m in manifests for i in m.get("ignored", [])), key=lambda item: item["path"])
+    by_reason: dict[str, int] = {}
+    for m in manifests:
+        for reason, count in _ignored_by_reason(m).items():
+            by_reason[reason] = by_reason.get(reason, 0) + count
+    return build_manifest(
+        backend=backend, encoding=manifests[0]["encoding"],
+        source={"name": "+".join(dict.fromkeys(names)),
+                "files": sum(int(m.get("source", {}).get("files", 0)) for m in manifests),
+                "bytes": sum(int(m.get("source", {}).get("bytes", 0)) for m in manifests)},
+        labelled=labelled, classes=classes, labels=labels,
+        payload_bytes=sum(int(r.entries["payload_len"].sum()) for r in readers), skipped=skipped, ignored=ignored,
+        options=dict(manifests[0].get("options") or {}, backend=backend),
+        extra={"skipped_count": sum(skipped_count(m) for m in manifests),
+               "ignored_count": sum(ignored_count(m) for m in manifests),
+               "ignored_by_reason": dict(sorted(by_reason.items())),
+               "merged_from": [{"name": name, "records": r.records, "classes": r.classes,
+                                "index_sha256": hashlib.sha256(r.index_bytes()).hexdigest()}
+                               for name, r in zip(names, readers, strict=True)]})
+
+
+def _entry(item: dict[str, Any]) -> dict[str, str]:
+    return {"path": item["path"], "reason": str(item.get("reason", ""))}
+
+
+def _ignored_by_reason(manifest: dict[str, Any]) -> dict[str, int]:
+    """A manifest's left-out files counted by reason (from its own counts, else from its list)."""
+    if isinstance(manifest.get("ignored_by_reason"), dict):
+        return {str(k): int(v) for k, v in manifest["ignored_by_reason"].items()}
+    counts: dict[str, int] = {}
+    for item in manifest.get("ignored", []):
+        reason = str(item.get("reason", ""))
+        counts[reason] = counts.get(reason, 0) + 1
+    return counts

@@ -3,33 +3,50 @@
 Data flows one way: ``scan`` lists the files, worker processes run ``encode`` on consecutive
 runs of them, and this process writes the results in scan order through one backend writer into
 ``DEST.partial``. Only a finished pack is renamed to ``DEST``, so a killed ``pack`` never leaves
-anything that looks complete; ``resume=True`` continues from the last intact record.
+anything that looks complete; ``resume=True`` continues from the last intact record. All of it
+happens under the destination's lock, after ``packer.destination`` has checked what may be
+replaced; worker processes end if this process is killed (``packer.workers``).
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import errno
 import os
-import shutil
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import lmdb
 from tqdm import tqdm
 
-from . import __version__, encode
+from . import encode
+from .destination import (
+    DestinationLock,
+    check_apart,
+    check_destination,
+    check_name,
+    check_parent,
+    check_partial,
+    creation_error,
+    exists,
+    partial_path,
+    publish,
+    remove_ours,
+    system_reason,
+)
+from .display import terminal_safe
 from .encode import Encoded, EncodeOptions, Skipped, encode_chunk
 from .errors import PackFormatError, SkippedFileError, UsageError, WriteError
-from .format import FORMAT_NAME, FORMAT_VERSION, RecordMeta
+from .format import RecordMeta, build_manifest, ignored_count, skipped_count
 from .scan import Sample, ScanResult, printable, scan_folder
 from .threads import single_core_torch_pool
-from .write_lmdb import LmdbWriter, remove_lock_file
-from .write_shards import ShardsWriter, fsync_dir
+from .workers import process_pool
+from .write_lmdb import LmdbWriter
+from .write_shards import ShardsWriter
 
 DEFAULT_SHARD_SIZE = 256 << 20
 # Address space LMDB reserves per file to pack (not disk: the file grows as it is written); doubled
@@ -52,30 +69,12 @@ def backend_for(dst: Path, backend: str | None) -> str:
     return backend
 
 
-def partial_path(dst: Path) -> Path:
-    """Where an unfinished pack of ``dst`` is written: ``DEST.partial``."""
-    return dst.with_name(dst.name + ".partial")
-
-
 def available_cpus() -> int:
     """CPUs this process may use (affinity-aware), at least 1."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:
         return max(1, os.cpu_count() or 1)
-
-
-def _check_destination(src: Path, dst: Path, overwrite: bool) -> None:
-    parent = dst.parent if str(dst.parent) else Path(".")
-    if not parent.is_dir():
-        raise UsageError(f"{dst}: the folder {parent} does not exist; create it first")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"{dst}: cannot write in {parent}; choose a destination you can write to")
-    if dst.exists() and not overwrite:
-        raise UsageError(f"{dst}: already exists; add --overwrite to replace it, or choose another name")
-    src_real, dst_real = src.resolve(), dst.resolve()
-    if dst_real == src_real or src_real in dst_real.parents:
-        raise UsageError(f"{dst}: is inside the source folder {src}; write the pack somewhere else")
 
 
 def _kept_source_bytes(scan: ScanResult, start: int, skipped: list[dict[str, Any]]) -> int:
@@ -155,7 +154,7 @@ def _encoded_chunks(root: Path, samples: list[Sample], start: int, options: Enco
             yield encode_chunk(str(root), chunk, options)
         return
     if not use_threads(options, samples):
-        pool: Executor = ProcessPoolExecutor(max_workers=workers)
+        pool: Executor = process_pool(workers)  # its workers end if this process is killed
     elif options.encoding == "keep":
         pool = ThreadPoolExecutor(max_workers=workers)
     else:  # re-encoding resizes with torch: one core per thread, or the threads oversubscribe the cores
@@ -211,27 +210,8 @@ def options_from_record(record: dict[str, Any]) -> EncodeOptions:
     return EncodeOptions(**fields)
 
 
-def _publish(tmp: Path, dst: Path) -> None:
-    """Rename the finished pack into place, replacing an old one only after the new one is whole."""
-    old = None
-    if dst.exists() or dst.is_symlink():
-        old = dst.with_name(f"{dst.name}.old-{os.getpid()}")
-        os.replace(dst, old)
-    os.replace(tmp, dst)
-    fsync_dir(dst.parent if str(dst.parent) else Path("."))
-    if old is not None:
-        if old.is_dir() and not old.is_symlink():
-            shutil.rmtree(old)
-        else:
-            old.unlink()
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    elif path.exists() or path.is_symlink():
-        path.unlink()
-    remove_lock_file(path)
+# A name of this module, called through it: tests wrap it to stop a pack just before publishing.
+_publish = publish
 
 
 def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: str | None = None,
@@ -242,7 +222,9 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: s
 
     Files that fail their check are skipped and listed in the manifest (``strict=True`` makes the
     first one an error). Progress is made durable for ``resume`` every few seconds, and also every
-    ``checkpoint_every`` files when given. Returns a summary: counts, sizes, time and rates.
+    ``checkpoint_every`` files when given. ``overwrite`` replaces only a pack (``packer.destination``);
+    another command writing ``dst`` at the same time is refused. Returns a summary: counts, sizes,
+    time and rates.
     """
     started = time.perf_counter()
     src_path, dst_path = Path(src), Path(dst)
@@ -253,77 +235,110 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: s
         raise UsageError(f"--workers {workers}: give at least 1")
     if shard_size < 1 << 16:
         raise UsageError(f"--shard-size {shard_size}: give at least 64 KiB (for example 256M)")
-    scan = scan_folder(src_path)
-    _check_destination(src_path, dst_path, overwrite)
-    tmp = partial_path(dst_path)
-    options_record = {"backend": backend, **asdict(options)}
-    if options.size is not None:
-        options_record["size"] = list(options.size)
-
-    map_size = max(1 << 30, len(scan.samples) * LMDB_MAP_PER_FILE)
-    writer: ShardsWriter | LmdbWriter | None = None
-    if tmp.exists() and resume:
-        try:
-            resumed = (LmdbWriter.resume(tmp, map_size) if backend == "lmdb"
-                       else ShardsWriter.resume(tmp, shard_size))
-        except PackFormatError as exc:
-            raise UsageError(str(exc)) from None
-        if resumed is None:  # killed before its first checkpoint: nothing to keep
-            _remove(tmp)
-        else:
-            writer, kept, noted = resumed
-            start, skipped = _resume_point(scan, kept, noted, options_record)
-    elif tmp.exists() or Path(str(tmp) + "-lock").exists():
-        if not overwrite:
-            raise UsageError(f"{tmp}: an unfinished pack is there; add --resume to finish it, "
-                             "or --overwrite to start over")
-        _remove(tmp)
-    if writer is None:
-        try:
-            if backend == "lmdb":
-                writer = LmdbWriter(tmp, map_size)
-            else:
-                tmp.mkdir()
-                writer = ShardsWriter(tmp, shard_size)
-            writer.checkpoint({"options": options_record, "skipped": []})
-        except OSError as exc:
-            raise WriteError(f"{tmp}: cannot create ({exc.strerror}); check the destination") from None
-        start, skipped = 0, []
-
-    try:
-        manifest = _write_all(scan, writer, start, skipped, options, options_record, workers, strict,
-                              progress, checkpoint_every)
-        source_bytes = manifest["source"]["bytes"]
-    except WriteError:
-        writer.close()
-        raise
-    except OSError as exc:
-        writer.close()
-        if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
-            raise WriteError(f"{dst_path}: {exc.strerror} while writing; free space (or raise the file-size "
-                             f"limit), then rerun with --resume; the unfinished pack is at {tmp}") from None
-        raise WriteError(f"{dst_path}: write failed ({exc.strerror or exc}); the unfinished pack is at {tmp}") from None
-    except BaseException:
-        writer.close()
-        raise
-    _publish(tmp, dst_path)
+    check_name(dst_path)
+    check_parent(dst_path)
+    check_apart(dst_path, [src_path], "the source folder")
+    with DestinationLock(dst_path):
+        check_destination(dst_path, overwrite)
+        scan = scan_folder(src_path)
+        if strict:
+            scan.refuse_not_regular()
+        tmp = partial_path(dst_path)
+        options_record = {"backend": backend, **asdict(options)}
+        if options.size is not None:
+            options_record["size"] = list(options.size)
+        writer, start, skipped = _open_writer(scan, tmp, backend, shard_size, options_record, overwrite, resume)
+        manifest = _write_or_keep(scan, writer, start, skipped, options, options_record, workers, strict,
+                                  progress, checkpoint_every, dst_path, tmp)
+        _publish(tmp, dst_path)
     seconds = time.perf_counter() - started
-    pack_bytes = pack_size(dst_path)
+    source_bytes = manifest["source"]["bytes"]
     return {
         "destination": str(dst_path),
         "backend": backend,
         "encoding": options.encoding,
         "records": manifest["records"],
         "classes": len(manifest["classes"]),
-        "skipped": len(manifest["skipped"]),
-        "ignored": len(manifest["ignored"]),
+        "skipped": skipped_count(manifest),
+        "ignored": ignored_count(manifest),
         "source_bytes": source_bytes,
-        "pack_bytes": pack_bytes,
+        "pack_bytes": pack_size(dst_path),
         "seconds": round(seconds, 3),
         "files_per_s": round(len(scan.samples) / seconds, 1) if seconds > 0 else None,
         "mb_per_s": round(source_bytes / seconds / 1e6, 1) if seconds > 0 else None,
         "resumed_at": start if start else None,
     }
+
+
+def _open_writer(scan: ScanResult, tmp: Path, backend: str, shard_size: int, options_record: dict[str, Any],
+                 overwrite: bool, resume: bool) -> tuple[ShardsWriter | LmdbWriter, int, list[dict[str, Any]]]:
+    """The writer of ``tmp``: the unfinished pack there reopened (``resume``), or a new one (an
+    unfinished one of ours removed first under ``overwrite``). Returns it, the scan position to go
+    on from and the files skipped before it."""
+    map_size = max(1 << 30, len(scan.samples) * LMDB_MAP_PER_FILE)
+    leftover = check_partial(tmp)
+    if leftover and resume and exists(tmp):
+        try:
+            resumed = (LmdbWriter.resume(tmp, map_size) if backend == "lmdb"
+                       else ShardsWriter.resume(tmp, shard_size))
+        except PackFormatError as exc:
+            raise UsageError(str(exc)) from None
+        except lmdb.Error as exc:
+            raise UsageError(f"{tmp}: cannot be resumed ({system_reason(exc)}); start over with --overwrite") from None
+        if resumed is not None:
+            writer, kept, noted = resumed
+            start, skipped = _resume_point(scan, kept, noted, options_record)
+            return writer, start, skipped
+        remove_ours(tmp)  # killed before its first checkpoint: nothing to keep
+    elif leftover:
+        if not overwrite:
+            raise UsageError(f"{tmp}: an unfinished pack is there; add --resume to finish it, "
+                             "or --overwrite to start over")
+        remove_ours(tmp)
+    return _new_writer(tmp, backend, shard_size, map_size, options_record), 0, []
+
+
+def _new_writer(tmp: Path, backend: str, shard_size: int, map_size: int,
+                options_record: dict[str, Any]) -> ShardsWriter | LmdbWriter:
+    """Create the unfinished pack ``tmp`` and note its first checkpoint; one line if that fails."""
+    writer: ShardsWriter | LmdbWriter | None = None
+    try:
+        if backend == "lmdb":
+            writer = LmdbWriter(tmp, map_size)
+        else:
+            tmp.mkdir()
+            writer = ShardsWriter(tmp, shard_size)
+        writer.checkpoint({"options": options_record, "skipped": []})
+    except (OSError, lmdb.Error) as exc:
+        if writer is not None:
+            writer.close()
+        if exists(tmp):
+            remove_ours(tmp)
+        if isinstance(exc, WriteError):
+            raise
+        raise creation_error(tmp, exc) from None
+    return writer
+
+
+def _write_or_keep(scan: ScanResult, writer: ShardsWriter | LmdbWriter, start: int, skipped: list[dict[str, Any]],
+                   options: EncodeOptions, options_record: dict[str, Any], workers: int, strict: bool,
+                   progress: bool, checkpoint_every: int | None, dst: Path, tmp: Path) -> dict[str, Any]:
+    """``_write_all``, with write failures as one line; the unfinished pack is kept for ``--resume``."""
+    try:
+        return _write_all(scan, writer, start, skipped, options, options_record, workers, strict, progress,
+                          checkpoint_every)
+    except WriteError:
+        writer.close()
+        raise
+    except OSError as exc:
+        writer.close()
+        if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+            raise WriteError(f"{dst}: {exc.strerror} while writing; free space (or raise the file-size "
+                             f"limit), then rerun with --resume; the unfinished pack is at {tmp}") from None
+        raise WriteError(f"{dst}: write failed ({exc.strerror or exc}); the unfinished pack is at {tmp}") from None
+    except BaseException:
+        writer.close()
+        raise
 
 
 def write_or_skip(item: Encoded | Skipped, pos: int, root: Path, writer: ShardsWriter | LmdbWriter,
@@ -356,7 +371,7 @@ def _write_all(scan: ScanResult, writer: ShardsWriter | LmdbWriter, start: int, 
     kept_bytes = _kept_source_bytes(scan, start, skipped)
     last_checkpoint = time.monotonic()
     bar = tqdm(total=total, initial=start, unit="img", disable=not progress, dynamic_ncols=True,
-               desc=f"pack {scan.root.name}", smoothing=0.1)
+               desc=f"pack {terminal_safe(scan.root.name)}", smoothing=0.1)
     tick = time.perf_counter()
     pos = start
     try:
@@ -389,23 +404,9 @@ def _write_all(scan: ScanResult, writer: ShardsWriter | LmdbWriter, start: int, 
         writer.close()
         raise UsageError(f"{scan.root}: none of the {total} image files could be packed "
                          f"(first problem: {skipped[0]['path']}: {skipped[0]['reason']})")
-    labels = writer.index.labels()
-    manifest = {
-        "format": FORMAT_NAME,
-        "version": FORMAT_VERSION,
-        "backend": options_record["backend"],
-        "encoding": options.encoding,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "packload_version": __version__,
-        "source": {"name": printable(scan.root.resolve().name), "files": total,
-                   "bytes": kept_bytes + written_bytes},
-        "labelled": scan.labelled,
-        "classes": scan.classes,
-        "class_counts": {name: int((labels == i).sum()) for i, name in enumerate(scan.classes)},
-        "records": writer.index.count,
-        "payload_bytes": writer.index.payload_bytes,
-        "skipped": [{"path": s["path"], "reason": s["reason"]} for s in skipped],
-        "ignored": scan.ignored,
-        "options": options_record,
-    }
+    manifest = build_manifest(
+        backend=options_record["backend"], encoding=options.encoding,
+        source={"name": printable(scan.root.resolve().name), "files": total, "bytes": kept_bytes + written_bytes},
+        labelled=scan.labelled, classes=scan.classes, labels=writer.index.labels(),
+        payload_bytes=writer.index.payload_bytes, skipped=skipped, ignored=scan.ignored, options=options_record)
     return writer.finish(manifest)

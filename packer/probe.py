@@ -4,14 +4,22 @@ For the two formats that make up nearly every dataset, JPEG and PNG, the header 
 a few microseconds (PIL's parser takes tens, which dominates packing time). Whenever a file is
 anything but plain, the answer is ``None`` and the caller asks PIL, so the result is always what
 ``PIL.Image.open`` reports. ``tests/test_probe.py`` checks that agreement on many kinds of image.
+
+``open_image`` is the one way packload lets PIL open image data, at pack time and at read time: only
+the formats of ``DECODABLE``, because some of PIL's plugins start external programs (EPS runs
+Ghostscript) and every plugin is code run on data from elsewhere.
 """
 
 from __future__ import annotations
 
+import io
 import struct
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from PIL import Image
+
+from .format import DECODABLE
 
 _JPEG_MODES = {1: "L", 3: "RGB", 4: "CMYK"}
 # SOF markers: C0-CF except C4 (DHT), C8 (JPG) and CC (DAC).
@@ -133,3 +141,67 @@ def probe(data: bytes, max_pixels: int | None = None) -> ImageHeader | None:
     if data[:8] == _PNG_SIGNATURE:
         return _probe_png(data, max_pixels)
     return None
+
+
+class NotDecodableError(Image.UnidentifiedImageError):
+    """Data that is not an image in one of the formats packload decodes (``DECODABLE``): an image of
+    another format (EPS, say; its name in ``format``), or no image at all (``format`` None). The
+    message says which, and is one line."""
+
+    format: str | None = None
+
+
+DECODABLE_NAMES = ", ".join(DECODABLE)  # for messages
+_open_formats: tuple[str, ...] | None = None
+
+
+def _registered_formats() -> tuple[str, ...]:
+    """``DECODABLE`` less the names this PIL has no opener for (PIL 13 opens MPO files through its
+    JPEG opener and registers none for MPO; asking ``Image.open`` for it would raise ``KeyError``)."""
+    global _open_formats
+    if _open_formats is None:
+        Image.init()  # every plugin registered, so that the list is complete (imports only, once)
+        _open_formats = tuple(name for name in DECODABLE if name in Image.OPEN)
+    return _open_formats
+
+
+def open_image(data: bytes | memoryview) -> Image.Image:
+    """``Image.open`` of image data in memory, restricted to the formats packload decodes;
+    ``NotDecodableError`` with the reason (``not_decodable_reason``) for anything else."""
+    try:
+        return Image.open(io.BytesIO(data), formats=_registered_formats())
+    except Image.UnidentifiedImageError:
+        name = refused_format(data)
+        error = NotDecodableError(_reason(name))
+        error.format = name
+        raise error from None
+
+
+def _accepts(accept: Callable[[bytes], Any] | None, prefix: bytes) -> bool:
+    try:
+        return accept is not None and bool(accept(prefix))
+    except Exception:  # noqa: BLE001 - a plugin's signature check failing on odd bytes is a "no"
+        return False
+
+
+def refused_format(data: bytes | memoryview) -> str | None:
+    """PIL's name for the image format ``data`` starts like (``EPS``), when PIL knows it and
+    packload does not decode it; None for a format packload decodes (perhaps damaged) or none known.
+    Only the plugins' signature checks run (comparisons of the first 16 bytes), never a decoder."""
+    Image.init()
+    prefix = bytes(data[:16])  # what Image.open hands the signature checks
+    openers = list(Image.OPEN.items())
+    if any(_accepts(accept, prefix) for name, (_, accept) in openers if name in DECODABLE):
+        return None
+    return next((name for name, (_, accept) in openers if name not in DECODABLE and _accepts(accept, prefix)), None)
+
+
+def not_decodable_reason(data: bytes | memoryview) -> str:
+    """Why ``open_image`` refuses ``data``, in one line: which format it is, or that it is no image."""
+    return _reason(refused_format(data))
+
+
+def _reason(name: str | None) -> str:
+    if name is not None:
+        return f"{name} image: not a format packload decodes ({DECODABLE_NAMES})"
+    return f"not an image in a format packload decodes ({DECODABLE_NAMES}): wrong extension or damaged header"

@@ -14,7 +14,6 @@ pack, and the unfinished pack is removed: nothing that looks complete is publish
 
 from __future__ import annotations
 
-import datetime as _dt
 import logging
 import math
 import os
@@ -24,28 +23,48 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import lmdb
 import numpy as np
 from tqdm import tqdm
 
-from . import __version__
 from .combine import ShardPayloads, ShardSource, copy_records, joined_index, place_shards
+from .destination import (
+    DestinationLock,
+    check_apart,
+    check_destination,
+    check_name,
+    check_parent,
+    check_partial,
+    creation_error,
+    exists,
+    partial_path,
+    publish,
+    remove_ours,
+)
+from .display import terminal_safe
 from .encode import EncodeOptions
 from .errors import PackloadError, UsageError
-from .format import FORMAT_NAME, FORMAT_VERSION, INDEX_NAME, MANIFEST_NAME, decode_index, encode_manifest
+from .format import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    INDEX_NAME,
+    MANIFEST_NAME,
+    build_manifest,
+    decode_index,
+    encode_manifest,
+    ignored_count,
+    skipped_count,
+)
 from .pipeline import (
     DEFAULT_SHARD_SIZE,
     LMDB_MAP_PER_FILE,
-    _check_destination,
     _encoded_stream,
-    _publish,
-    _remove,
     backend_for,
     io_bound,
     pack_size,
-    partial_path,
     write_or_skip,
 )
-from .scan import Sample, printable, scan_folder
+from .scan import Sample, ScanResult, printable, scan_folder
 from .write_lmdb import LmdbWriter
 from .write_shards import ShardsWriter, fsync_dir, write_file_atomic
 
@@ -185,8 +204,9 @@ def pack_ray(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backen
 
     Uses the Ray instance this process is connected to, else connects to ``address`` (``"auto"``:
     the running cluster), else starts a local one. ``task_files`` sets how many files each task
-    packs (default: about two ranges per CPU of the cluster, at least 5000 files each). Returns
-    ``pack``'s summary plus the tasks' timings.
+    packs (default: about two ranges per CPU of the cluster, at least 5000 files each). The
+    driver holds the destination's lock, and ``overwrite`` replaces only a pack, as for ``pack``.
+    Returns ``pack``'s summary plus the tasks' timings.
     """
     ray = _import_ray()
     started = time.perf_counter()
@@ -197,81 +217,96 @@ def pack_ray(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backen
         raise UsageError(f"--shard-size {shard_size}: give at least 64 KiB (for example 256M)")
     if task_files is not None and task_files < 1:
         raise UsageError(f"--task-files {task_files}: give at least 1")
-    scan = scan_folder(src_path)
-    _check_destination(src_path, dst_path, overwrite)
-    tmp = partial_path(dst_path)
-    staging = tmp if backend == "shards" else dst_path.with_name(dst_path.name + ".partial-tasks")
-    for leftover in {tmp, staging}:
-        if leftover.exists() or Path(str(leftover) + "-lock").exists():
-            if not overwrite:
-                raise UsageError(f"{leftover}: an unfinished pack is there; add --overwrite to start over "
-                                 "(--engine ray cannot resume)")
-            _remove(leftover)
-    options_record = {"backend": backend, **asdict(options)}
-    if options.size is not None:
-        options_record["size"] = list(options.size)
+    check_name(dst_path)
+    check_parent(dst_path)
+    check_apart(dst_path, [src_path], "the source folder")
+    with DestinationLock(dst_path):
+        check_destination(dst_path, overwrite)
+        scan = scan_folder(src_path)
+        if strict:
+            scan.refuse_not_regular()
+        tmp = partial_path(dst_path)
+        staging = tmp if backend == "shards" else staging_path(dst_path)
+        for leftover in dict.fromkeys((tmp, staging)):
+            if check_partial(leftover):
+                if not overwrite:
+                    raise UsageError(f"{leftover}: an unfinished pack is there; add --overwrite to start over "
+                                     "(--engine ray cannot resume)")
+                remove_ours(leftover)
+        options_record = {"backend": backend, **asdict(options)}
+        if options.size is not None:
+            options_record["size"] = list(options.size)
+        started_ray = _start_ray(ray, address)
+        try:
+            return _pack_on_ray(ray, started, scan, dst_path, tmp, staging, backend, options, options_record,
+                                shard_size, strict, progress, task_files, max_retries)
+        finally:
+            if started_ray:
+                ray.shutdown()
 
-    started_ray = not ray.is_initialized()
-    if started_ray:
-        try:
-            ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING,
-                     log_to_driver=False)
-        except Exception as exc:  # noqa: BLE001 - Ray raises several kinds here; all mean "no cluster"
-            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise UsageError(f"--ray-address {address}: cannot start or reach Ray ({reason}); start the cluster "
-                             "(`ray start --head` on one node) or leave out --ray-address for a local one") from None
-    ray_ready = time.perf_counter()
+
+def staging_path(dst: Path) -> Path:
+    """Where the tasks of an LMDB pack write their ranges: ``DEST.partial-tasks``."""
+    return dst.with_name(dst.name + ".partial-tasks")
+
+
+def _start_ray(ray: Any, address: str | None) -> bool:
+    """Connect to Ray unless this process already is; True if it connected here (and so shuts down)."""
+    if ray.is_initialized():
+        return False
     try:
-        cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-        per_task = task_files or max(MIN_TASK_FILES, math.ceil(len(scan.samples) / (TASKS_PER_CPU * cpus)))
-        ranges = split_ranges(len(scan.samples), per_task)
+        ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
+    except Exception as exc:  # noqa: BLE001 - Ray raises several kinds here; all mean "no cluster"
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UsageError(f"--ray-address {address}: cannot start or reach Ray ({reason}); start the cluster "
+                         "(`ray start --head` on one node) or leave out --ray-address for a local one") from None
+    return True
+
+
+def _pack_on_ray(ray: Any, started: float, scan: ScanResult, dst_path: Path, tmp: Path, staging: Path,
+                 backend: str, options: EncodeOptions, options_record: dict[str, Any], shard_size: int,
+                 strict: bool, progress: bool, task_files: int | None, max_retries: int) -> dict[str, Any]:
+    """Run the tasks, join their output into ``tmp`` and publish it as ``dst_path``; the summary."""
+    ray_ready = time.perf_counter()
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    per_task = task_files or max(MIN_TASK_FILES, math.ceil(len(scan.samples) / (TASKS_PER_CPU * cpus)))
+    ranges = split_ranges(len(scan.samples), per_task)
+    try:
         staging.mkdir()
-        try:
-            tasks = _Tasks(ray, scan, ranges, staging, max_retries, dst_path, tmp if backend == "shards" else None)
-            tasks.run(options, shard_size, strict, progress)
-            results = [tasks.results[k] for k in range(len(ranges))]
-            tasks_done = time.perf_counter()
-            records = sum(r["records"] for r in results)
-            skipped = [s for r in results for s in r["skipped"]]
-            if records == 0:
-                raise UsageError(f"{scan.root}: none of the {len(scan.samples)} image files could be packed "
-                                 f"(first problem: {skipped[0]['path']}: {skipped[0]['reason']})")
-            sources = [_source(staging / _task_name(r["task"])) for r in results]
-            part_bases = np.cumsum([0] + [len(s.parts) for s in sources])[:-1].tolist()
-            index, labels = joined_index(sources, part_bases)
-            manifest = {
-                "format": FORMAT_NAME,
-                "version": FORMAT_VERSION,
-                "backend": backend,
-                "encoding": options.encoding,
-                "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                "packload_version": __version__,
-                "source": {"name": printable(scan.root.resolve().name), "files": len(scan.samples),
-                           "bytes": sum(r["source_bytes"] for r in results)},
-                "labelled": scan.labelled,
-                "classes": scan.classes,
-                "class_counts": {name: int((labels == i).sum()) for i, name in enumerate(scan.classes)},
-                "records": records,
-                "payload_bytes": sum(r["payload_bytes"] for r in results),
-                "skipped": [{"path": s["path"], "reason": s["reason"]} for s in skipped],
-                "ignored": scan.ignored,
-                "options": options_record,
-            }
-            if backend == "shards":
-                parts = [part for k in range(len(ranges)) for part in tasks.placed[k]["parts"]]
-                _finish_shards(sources, parts, tmp, index, manifest)
-            else:
-                _join_lmdb(sources, tmp, len(scan.samples), manifest)
-                shutil.rmtree(staging)
-        except BaseException:
-            for leftover in (tmp, staging):
-                if leftover.exists():
-                    _remove(leftover)
-            raise
-        _publish(tmp, dst_path)
-    finally:
-        if started_ray:
-            ray.shutdown()
+    except OSError as exc:
+        raise creation_error(staging, exc) from None
+    try:
+        tasks = _Tasks(ray, scan, ranges, staging, max_retries, dst_path, tmp if backend == "shards" else None)
+        tasks.run(options, shard_size, strict, progress)
+        results = [tasks.results[k] for k in range(len(ranges))]
+        tasks_done = time.perf_counter()
+        records = sum(r["records"] for r in results)
+        skipped = [s for r in results for s in r["skipped"]]
+        if records == 0:
+            raise UsageError(f"{scan.root}: none of the {len(scan.samples)} image files could be packed "
+                             f"(first problem: {skipped[0]['path']}: {skipped[0]['reason']})")
+        sources = [_source(staging / _task_name(r["task"])) for r in results]
+        part_bases = np.cumsum([0] + [len(s.parts) for s in sources])[:-1].tolist()
+        index, labels = joined_index(sources, part_bases)
+        manifest = build_manifest(
+            backend=backend, encoding=options.encoding,
+            source={"name": printable(scan.root.resolve().name), "files": len(scan.samples),
+                    "bytes": sum(r["source_bytes"] for r in results)},
+            labelled=scan.labelled, classes=scan.classes, labels=labels,
+            payload_bytes=sum(r["payload_bytes"] for r in results), skipped=skipped, ignored=scan.ignored,
+            options=options_record)
+        if backend == "shards":
+            parts = [part for k in range(len(ranges)) for part in tasks.placed[k]["parts"]]
+            _finish_shards(sources, parts, tmp, index, manifest)
+        else:
+            _join_lmdb(sources, tmp, len(scan.samples), manifest)
+            shutil.rmtree(staging)
+    except BaseException:
+        for leftover in (tmp, staging):
+            if exists(leftover):
+                remove_ours(leftover)
+        raise
+    publish(tmp, dst_path)
     seconds = time.perf_counter() - started
     source_bytes = manifest["source"]["bytes"]
     task_seconds = [r["seconds"] for r in results]
@@ -282,8 +317,8 @@ def pack_ray(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backen
         "engine": "ray",
         "records": records,
         "classes": len(scan.classes),
-        "skipped": len(skipped),
-        "ignored": len(scan.ignored),
+        "skipped": skipped_count(manifest),
+        "ignored": ignored_count(manifest),
         "source_bytes": source_bytes,
         "pack_bytes": pack_size(dst_path),
         "seconds": round(seconds, 3),
@@ -329,7 +364,7 @@ class _Tasks:
                                      str(self.staging / _task_name(k)), shard_size, strict, hashed)
             self._pending[ref] = ("pack", k)
         bar = tqdm(total=len(self.scan.samples), unit="img", disable=not progress, dynamic_ncols=True,
-                   desc=f"pack {self.scan.root.name} ({len(self.ranges)} Ray tasks)")
+                   desc=f"pack {terminal_safe(self.scan.root.name)} ({len(self.ranges)} Ray tasks)")
         try:
             while self._pending:
                 [ref], _ = ray.wait(list(self._pending), num_returns=1)
@@ -384,7 +419,10 @@ def _finish_shards(sources: list[ShardSource], parts: list[dict[str, Any]], tmp:
 
 def _join_lmdb(sources: list[ShardSource], tmp: Path, files: int, manifest: dict[str, Any]) -> None:
     """Copy every task's records, in order, into the LMDB file ``tmp`` (chunks as ``pack`` makes)."""
-    writer = LmdbWriter(tmp, max(1 << 30, files * LMDB_MAP_PER_FILE))
+    try:
+        writer = LmdbWriter(tmp, max(1 << 30, files * LMDB_MAP_PER_FILE))
+    except lmdb.Error as exc:
+        raise creation_error(tmp, exc) from None
     try:
         for source in sources:
             payloads = ShardPayloads(source)

@@ -4,18 +4,27 @@ Classes are the first-level sub-folders, sorted; files in deeper sub-folders bel
 top-level class; only the ImageFolder extensions count (case-insensitive); hidden files and
 folders are left out. A folder with images but no class sub-folders is scanned unlabelled.
 Everything that is not packed is listed with the reason, so nothing is lost silently.
+
+Only regular files are packed (after following links, as ImageFolder follows them): a FIFO named
+``y.jpg`` would block its reader, a link to ``/dev/zero`` named ``x.jpg`` would give bytes without
+end, so such entries are left out with the reason, decided from the folder listing's file types
+(no extra system call for a plain file). Links into the system's special file systems (``/proc``,
+``/sys``, ``/dev``) are not followed into.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass, field
-from functools import partial
+from functools import lru_cache, partial
 from itertools import repeat
+from operator import attrgetter
 from pathlib import Path
 from typing import NamedTuple
 
-from .errors import UsageError
+from .errors import SkippedFileError, UsageError
+from .safe_files import kind_of
 
 # The same list as torchvision.datasets.folder.IMG_EXTENSIONS.
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -30,6 +39,7 @@ class Sample(NamedTuple):
 
 
 _new_sample = partial(tuple.__new__, Sample)  # Sample from a (path, label) pair, without Python calls
+NOT_REGULAR = "not a regular file"  # in the reason of every entry left out for being no regular file
 
 
 @dataclass
@@ -45,45 +55,155 @@ class ScanResult:
     def labelled(self) -> bool:
         return bool(self.classes)
 
+    @property
+    def not_regular(self) -> list[dict[str, str]]:
+        """The left-out entries that are FIFOs, sockets or devices (``pack --strict`` may refuse them)."""
+        return [item for item in self.ignored if NOT_REGULAR in item["reason"]]
+
+    def refuse_not_regular(self) -> None:
+        """Under ``--strict``: an entry with an image's name that is not a regular file is an error."""
+        if self.not_regular:
+            item = self.not_regular[0]
+            raise SkippedFileError(f"{self.root / item['path']}: {item['reason']}; remove it, or pack without "
+                                   "--strict to leave it out and list it in the manifest")
+
 
 def is_image_name(name: str) -> bool:
     """True if ``name`` has one of the ImageFolder extensions (any case)."""
     return name.lower().endswith(IMG_EXTENSIONS)
 
 
+# File systems of the system itself, not of data: walking into one through a link would read
+# kernel tables (``/proc/<pid>/root`` leads back to ``/``) or meet devices.
+_SPECIAL_FS = frozenset({"proc", "sysfs", "devtmpfs", "devpts", "debugfs", "tracefs", "securityfs", "cgroup",
+                         "cgroup2", "configfs", "pstore", "bpf", "fusectl", "mqueue", "efivarfs", "binfmt_misc",
+                         "selinuxfs", "hugetlbfs", "rpc_pipefs", "nsfs", "devfs"})
+_SPECIAL_DIRS = ("/proc", "/sys", "/dev")  # where they are mounted (``/dev`` is a tmpfs in containers)
+_by_name = attrgetter("name")
+
+
+@lru_cache(maxsize=1)
+def special_devices() -> dict[int, str]:
+    """Device numbers (``st_dev``) of the special file systems mounted here, with their type: those
+    listed in ``/proc/self/mountinfo``, and ``/proc``, ``/sys`` and ``/dev`` where they are mount points."""
+    found: dict[int, str] = {}
+    try:
+        with open("/proc/self/mountinfo", "rb") as f:
+            table = f.read(1 << 24).decode("utf-8", "replace")  # a few KB; bounded all the same
+    except OSError:
+        table = ""
+    for line in table.splitlines():
+        fields, _, rest = line.partition(" - ")
+        words, kind = fields.split(), rest.split(" ", 1)[0]
+        if kind in _SPECIAL_FS and len(words) > 2 and words[2].count(":") == 1:
+            major, minor = words[2].split(":")
+            if major.isdigit() and minor.isdigit():
+                found[os.makedev(int(major), int(minor))] = kind
+    try:
+        top = os.stat("/").st_dev
+    except OSError:
+        return found
+    for path in _SPECIAL_DIRS:
+        try:
+            dev = os.stat(path).st_dev
+        except OSError:
+            continue
+        if dev != top:
+            found.setdefault(dev, path.strip("/"))
+    return found
+
+
+def _special_reason(st_dev: int) -> str | None:
+    """Why a folder on device ``st_dev`` is not walked, when it is on a special file system."""
+    kind = special_devices().get(st_dev)
+    if kind is None:
+        return None
+    return f"a folder on the system's {kind} file system (kernel files and devices, not images): not scanned"
+
+
+def not_regular_reason(entry: os.DirEntry[str]) -> str | None:
+    """Why ``entry`` (not a folder, not a regular file by its listing type) is left out: a FIFO, a
+    socket, a device, possibly behind a link. None when it may be read after all: a broken link or
+    one that cannot be followed is kept, so that reading it names the problem as for any broken file."""
+    try:
+        mode = entry.stat().st_mode  # follows links, as ImageFolder does
+    except OSError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    through = " (through a symbolic link)" if entry.is_symlink() else ""
+    return f"{kind_of(mode)}{through}, {NOT_REGULAR}"
+
+
+def _is_dir(entry: os.DirEntry[str]) -> bool:
+    """A folder, after following links (from the listing's type, no system call, for a plain entry)."""
+    try:
+        return entry.is_dir()
+    except OSError:  # a link that cannot be followed: not a folder (as os.walk decides)
+        return False
+
+
+def _list_folder(dirpath: str) -> tuple[list[str], list[str], dict[str, os.DirEntry[str]]]:
+    """What ``dirpath`` holds, links followed: its sub-folders' names, its regular files' names, and
+    its other entries (FIFOs, devices, broken links...) by name. The types come from the listing:
+    no system call for a plain file or folder."""
+    dirs: list[str] = []
+    files: list[str] = []
+    others: dict[str, os.DirEntry[str]] = {}
+    with os.scandir(dirpath) as listing:
+        for entry in listing:
+            try:
+                if entry.is_file():
+                    files.append(entry.name)
+                    continue
+                if entry.is_dir():
+                    dirs.append(entry.name)
+                    continue
+            except OSError:  # a link that cannot be followed: neither (as os.walk decides)
+                pass
+            others[entry.name] = entry
+    return dirs, files, others
+
+
 def _walk_files(top: Path, root: Path, ignored: list[dict[str, str]]) -> list[str]:
     """Relative paths of the image files under ``top`` in ImageFolder's order (folders sorted by
-    path, files sorted by name within each), following symlinked folders but each folder once."""
+    path, files sorted by name within each), following symlinked folders but each folder once, and
+    none on a special file system. Entries that are not regular files are left out with the reason."""
     found: list[tuple[str, list[str]]] = []
     seen_dirs: set[tuple[int, int]] = set()
-
-    def onerror(exc: OSError) -> None:
-        ignored.append({"path": printable(_rel(Path(exc.filename or top), root)),
-                        "reason": f"unreadable folder: {exc.strerror}"})
-
-    prefix = len(str(root)) + 1  # os.walk's paths start with the root: cut it off without pathlib
-    for dirpath, dirnames, filenames in os.walk(str(top), followlinks=True, onerror=onerror):
+    prefix = len(str(root)) + 1  # every path here starts with the root: cut it off without pathlib
+    pending = [str(top)]  # depth first, in sorted order, as os.walk visits
+    while pending:
+        dirpath = pending.pop()
         try:
             st = os.stat(dirpath)
-        except OSError:
-            dirnames[:] = []
-            continue
-        if (st.st_dev, st.st_ino) in seen_dirs:  # a symlink loop: walk each real folder once
+            if (st.st_dev, st.st_ino) in seen_dirs:  # a symlink loop: walk each real folder once
+                ignored.append({"path": printable(_rel(Path(dirpath), root)),
+                                "reason": "symlink loop: folder already scanned"})
+                continue
+            seen_dirs.add((st.st_dev, st.st_ino))
+            special = _special_reason(st.st_dev)
+            if special is not None:
+                ignored.append({"path": printable(_rel(Path(dirpath), root)), "reason": special})
+                continue
+            dirnames, filenames, others = _list_folder(dirpath)
+        except OSError as exc:
             ignored.append({"path": printable(_rel(Path(dirpath), root)),
-                            "reason": "symlink loop: folder already scanned"})
-            dirnames[:] = []
+                            "reason": f"unreadable folder: {exc.strerror}"})
             continue
-        seen_dirs.add((st.st_dev, st.st_ino))
+        dirnames.sort()
         for name in dirnames:
             if name.startswith("."):
                 ignored.append({"path": _rel(Path(dirpath) / name, root), "reason": "hidden folder"})
             elif not is_utf8(name):
                 ignored.append({"path": printable(_rel(Path(dirpath) / name, root)),
                                 "reason": "name is not valid UTF-8; rename the folder"})
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and is_utf8(d))
+        pending.extend(os.path.join(dirpath, d) for d in reversed(dirnames) if not d.startswith(".") and is_utf8(d))
         images = []
         here = dirpath[prefix:].replace(os.sep, "/")
         start = f"{here}/" if here else ""
+        if others:
+            filenames += others
         for name in sorted(filenames):
             rel = start + name
             if name.startswith("."):
@@ -92,8 +212,10 @@ def _walk_files(top: Path, root: Path, ignored: list[dict[str, str]]) -> list[st
                 ignored.append({"path": printable(rel), "reason": "name is not valid UTF-8; rename the file"})
             elif not name.lower().endswith(IMG_EXTENSIONS):
                 ignored.append({"path": rel, "reason": "not an image extension"})
-            else:
+            elif not others or name not in others or (reason := not_regular_reason(others[name])) is None:
                 images.append(rel)
+            else:
+                ignored.append({"path": rel, "reason": reason})
         found.append((dirpath, images))
     return [rel for _, images in sorted(found) for rel in images]
 
@@ -123,15 +245,19 @@ def scan_folder(src: str | os.PathLike[str]) -> ScanResult:
         raise UsageError(f"{root}: source folder not found; give the folder that holds your images")
     if not root.is_dir():
         raise UsageError(f"{root}: not a folder; give the folder that holds one sub-folder per class")
+    special = _special_reason(root.stat().st_dev)
+    if special is not None:
+        raise UsageError(f"{root}: {special.partition(':')[0]}; give the folder that holds your images")
     try:
-        entries = sorted(os.scandir(root), key=lambda e: e.name)
+        with os.scandir(root) as listing:
+            entries = sorted(listing, key=_by_name)
     except PermissionError:
         raise UsageError(f"{root}: cannot read the source folder; check its permissions") from None
     ignored: list[dict[str, str]] = []
-    class_dirs = [e for e in entries if not e.name.startswith(".") and e.is_dir() and is_utf8(e.name)]
+    class_dirs = [e for e in entries if not e.name.startswith(".") and _is_dir(e) and is_utf8(e.name)]
     for e in entries:
         if e.name.startswith("."):
-            ignored.append({"path": e.name, "reason": "hidden folder" if e.is_dir() else "hidden file"})
+            ignored.append({"path": e.name, "reason": "hidden folder" if _is_dir(e) else "hidden file"})
         elif not is_utf8(e.name):
             ignored.append({"path": printable(e.name), "reason": "name is not valid UTF-8; rename it"})
     if class_dirs:
@@ -140,8 +266,10 @@ def scan_folder(src: str | os.PathLike[str]) -> ScanResult:
         for label, entry in enumerate(class_dirs):
             samples.extend(map(_new_sample, zip(_walk_files(Path(entry.path), root, ignored), repeat(label))))
         for e in entries:
-            if not e.name.startswith(".") and not e.is_dir() and is_utf8(e.name):
-                ignored.append({"path": e.name, "reason": "file outside the class folders"})
+            if not e.name.startswith(".") and not _is_dir(e) and is_utf8(e.name):
+                reason = not_regular_reason(e)
+                ignored.append({"path": e.name, "reason": f"{reason}, outside the class folders" if reason
+                                else "file outside the class folders"})
     else:
         classes = []
         samples = list(map(_new_sample, zip(_walk_files(root, root, ignored), repeat(-1))))

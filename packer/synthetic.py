@@ -27,6 +27,8 @@ import numpy as np
 from PIL import Image, ImageDraw
 from tqdm import tqdm
 
+from .workers import die_with_parent, worker_parent
+
 __all__ = ["make_cifar_like", "make_imagenet_like"]
 
 # Spawn-key tags keep the per-image, per-class and per-kind random streams apart.
@@ -262,14 +264,16 @@ def _write_chunk(job: _Job) -> int:
     return job.stop - job.start
 
 
-def _worker_init() -> None:
-    """Pool initializer: keep freed image-sized buffers in the worker's heap (glibc only).
+def _worker_init(parent: int | None) -> None:
+    """Pool initializer: end with the parent process ``parent`` (``die_with_parent``), and keep
+    freed image-sized buffers in the worker's heap (glibc only).
 
     Each image allocates and frees a few MB of numpy temporaries; by default glibc
     returns them to the OS every time, and the page faults on re-use cost ~25% of the
     run time. Raising the mmap and trim thresholds avoids that. Only done in worker
     processes we own, never in the caller's process; silently skipped elsewhere.
     """
+    die_with_parent(parent)
     try:
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(-3, 64 << 20)  # M_MMAP_THRESHOLD
@@ -330,7 +334,8 @@ def _generate(
             for job in jobs:
                 bar.update(_write_chunk(job))
         else:
-            with multiprocessing.get_context().Pool(n_workers, initializer=_worker_init) as pool:
+            context = multiprocessing.get_context()
+            with context.Pool(n_workers, initializer=_worker_init, initargs=(worker_parent(context),)) as pool:
                 for done in pool.imap_unordered(_write_chunk, jobs):
                     bar.update(done)
 

@@ -376,7 +376,12 @@ def corruption_regions(pack: Path) -> dict[str, list[Region]]:
             index = reader.index_bytes()
             at = _find_once(data, index, "the index")
             out["index"].append(Region("", at, at + len(index)))
-            manifest = bytes(reader._txn.get(LMDB_MANIFEST_KEY))
+            import lmdb
+
+            env = lmdb.open(str(pack), subdir=False, readonly=True, lock=False)
+            with env.begin() as txn:
+                manifest = txn.get(LMDB_MANIFEST_KEY)
+            env.close()
             at = _find_once(data, manifest, "the manifest")
             out["manifest"].append(Region("", at, at + len(manifest)))
     for i, entry in enumerate(entries):

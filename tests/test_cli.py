@@ -97,8 +97,12 @@ def test_bad_destinations(images, tmp_path, capsys):
     (tmp_path / "taken.lmdb").write_bytes(b"old")
     expect_error(capsys, ["pack", str(images), str(tmp_path / "taken.lmdb")], "already exists", "--overwrite")
     assert (tmp_path / "taken.lmdb").read_bytes() == b"old"
-    assert main(["pack", str(images), str(tmp_path / "taken.lmdb"), "--overwrite", "--quiet"]) == 0
-    assert run_json(capsys, ["info", str(tmp_path / "taken.lmdb")])["records"] > 0
+    # --overwrite replaces only a pack: a file of someone else's is left alone
+    expect_error(capsys, ["pack", str(images), str(tmp_path / "taken.lmdb"), "--overwrite"], "not a pack")
+    assert (tmp_path / "taken.lmdb").read_bytes() == b"old"
+    assert main(["pack", str(images), str(tmp_path / "packed.lmdb"), "--quiet"]) == 0
+    assert main(["pack", str(images), str(tmp_path / "packed.lmdb"), "--overwrite", "--quiet"]) == 0
+    assert run_json(capsys, ["info", str(tmp_path / "packed.lmdb")])["records"] > 0
     expect_error(capsys, ["pack", str(images), str(images / "inside.lmdb")], "inside the source")
 
 

@@ -62,7 +62,7 @@ def records_of(path: Path) -> list[tuple]:
 def manifest_of(path: Path) -> dict:
     with PackReader(path) as reader:
         manifest = dict(reader.manifest)
-    for key in ("created", "parts", "index"):
+    for key in ("created", "parts", "index", "id"):  # id: new for every pack written
         manifest.pop(key)
     return manifest
 

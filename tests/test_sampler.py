@@ -383,7 +383,7 @@ def test_prefetch_resume_and_ranks_announce_what_they_read() -> None:
 def test_prefetch_option_checked_and_pickles() -> None:
     import pickle
 
-    from loaders.read import PackHints
+    from loaders.hints import PackHints
 
     with pytest.raises(TypeError, match="prefetch must be a pack's path or a callable"):
         PackSampler(10, prefetch=3)
@@ -441,8 +441,9 @@ def test_batches_ask_once_for_records_announced_or_fetched(small_packs: dict[str
 
     with PackReader(small_packs[backend]) as reader:
         worked = []
-        real = reader._prefetch_pieces
-        monkeypatch.setattr(reader, "_prefetch_pieces", lambda *args: worked.append(len(args[0])) or real(*args))
+        real = reader._prefetcher._prefetch_pieces
+        monkeypatch.setattr(reader._prefetcher, "_prefetch_pieces",
+                            lambda *args: worked.append(len(args[0])) or real(*args))
         first = [bytes(p) for p in reader.payload_bytes([3, 4, 5, 9])]
         assert worked == [4]
         assert [bytes(p) for p in reader.payload_bytes([9, 5, 4, 3])] == first[::-1] and worked == [4]
@@ -462,20 +463,20 @@ def test_a_batch_never_waits_behind_announced_reads(small_packs: dict[str, Path]
     held reads, once released, find those pieces done and do not read them again."""
     import threading
 
-    import loaders.read as read_module
+    import loaders.prefetch as prefetch_module
     from loaders.read import PackReader
 
     monkeypatch.setenv("PACKLOAD_PARALLEL_READS", "1")
     release, held, reads = threading.Event(), [], []
-    real_ahead, real_piece = read_module._read_ahead, read_module._read_piece
+    real_ahead, real_piece = prefetch_module.read_ahead, prefetch_module.read_piece
 
     def waiting(piece: tuple[int, int, int], key: int, done: set[int]) -> None:
         held.append(key)
         release.wait(30)
         real_ahead(piece, key, done)
 
-    monkeypatch.setattr(read_module, "_read_ahead", waiting)
-    monkeypatch.setattr(read_module, "_read_piece", lambda piece: reads.append(piece) or real_piece(piece))
+    monkeypatch.setattr(prefetch_module, "read_ahead", waiting)
+    monkeypatch.setattr(prefetch_module, "read_piece", lambda piece: reads.append(piece) or real_piece(piece))
     with PackReader(small_packs[backend]) as reader:
         expected = [bytes(reader.payload(i)) for i in range(300)]
         assert reader.advise(np.arange(300)) >= sum(map(len, expected))
@@ -505,7 +506,7 @@ def test_dataset_sampler_announces_through_the_datasets_reader(small_packs: dict
 
     from loaders import PackedImageFolder
     from loaders.collate import collate_as_list
-    from loaders.read import PackHints
+    from loaders.hints import PackHints
 
     monkeypatch.setenv("PACKLOAD_PARALLEL_READS", parallel)
     path = small_packs[backend]
@@ -538,13 +539,14 @@ def test_lmdb_index_fetched_by_parallel_reads_where_reads_wait(small_packs: dict
     """On network and FUSE storage (forced here) opening an LMDB pack fetches its index's bytes by
     parallel positioned reads, as the shards backend does its index file, instead of faulting them in
     a request or two at a time; on a local disk it does not."""
-    import loaders.read as read_module
+    import loaders.prefetch as prefetch_module
+    from loaders.lmdb_pages import LmdbLayout
     from loaders.read import PackReader
     from packer.format import LMDB_INDEX_KEY
 
     fetched: list[list[tuple[int, int, int]]] = []
-    real = read_module._ParallelFetcher.fetch
-    monkeypatch.setattr(read_module._ParallelFetcher, "fetch",
+    real = prefetch_module.ParallelFetcher.fetch
+    monkeypatch.setattr(prefetch_module.ParallelFetcher, "fetch",
                         lambda self, ranges: fetched.append(ranges) or real(self, ranges))
     monkeypatch.setenv("PACKLOAD_PARALLEL_READS", "0")
     with PackReader(small_packs["lmdb"]) as reader:
@@ -553,21 +555,23 @@ def test_lmdb_index_fetched_by_parallel_reads_where_reads_wait(small_packs: dict
     monkeypatch.setenv("PACKLOAD_PARALLEL_READS", "1")
     with PackReader(small_packs["lmdb"]) as reader:
         assert reader.index_bytes() == local
-        offset, size = reader._overflow(LMDB_INDEX_KEY)
-    assert [(o, n) for _, o, n in fetched[0]] == [(offset, size)]
+    offset, size = LmdbLayout(small_packs["lmdb"].read_bytes(), "pack").locate(LMDB_INDEX_KEY)
+    assert [(offset, size)] in [[(o, n) for _, o, n in ranges] for ranges in fetched]
 
 
-def test_lmdb_chunks_located_from_their_nodes(small_packs: dict[str, Path]) -> None:
-    """The LMDB reader takes chunks from its own map at offsets read from the B-tree nodes; they must
-    be byte for byte what LMDB itself returns."""
+def test_lmdb_chunks_located_from_the_btree(small_packs: dict[str, Path]) -> None:
+    """The LMDB reader takes chunks from its own map at offsets read from the B-tree; they must be
+    byte for byte what LMDB itself returns."""
+    import lmdb
+
     from loaders.read import PackReader
     from packer.format import lmdb_chunk_key
 
-    with PackReader(small_packs["lmdb"]) as reader:
+    env = lmdb.open(str(small_packs["lmdb"]), subdir=False, readonly=True, lock=False)
+    with PackReader(small_packs["lmdb"]) as reader, env.begin() as txn:
         parts = int(reader.entries["part"].max()) + 1
+        assert parts >= 1
         for part in range(parts):
-            assert bytes(reader.part_view(part)) == bytes(reader._txn.get(lmdb_chunk_key(part)))
-        assert reader._overflows_checked >= 1  # at least one chunk on overflow pages, checked
-        # every chunk was noted from the leaf page of the first lookup (one B-tree lookup per leaf)
-        assert all(lmdb_chunk_key(part) in reader._leaf_values for part in range(parts))
-        assert reader._leaf_values[lmdb_chunk_key(parts - 1)][1] == len(reader.part_view(parts - 1))
+            assert bytes(reader.part_view(part)) == txn.get(lmdb_chunk_key(part))
+        assert txn.get(lmdb_chunk_key(parts)) is None
+    env.close()

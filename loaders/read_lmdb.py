@@ -1,0 +1,194 @@
+"""The LMDB backend of ``PackReader``: one LMDB file holding the manifest, the index and the chunks
+(``c`` + chunk number) of consecutive records.
+
+The file is read through the reader's own read-only map, never through the LMDB library: every
+value is located from the B-tree by :class:`loaders.lmdb_pages.LmdbLayout`, which checks each page
+it reads against the file first, so a damaged or hostile file gives a clear error and never makes
+a read run past the end of the file (which would kill the process with SIGBUS). The B-tree is read
+through a second map without readahead (each lookup touches a page or two; with readahead each
+would read megabytes around it); values through the first, prefetched as a batch needs them.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packer.errors import IncompletePackError, PackFormatError, UsageError
+from packer.format import (
+    INDEX_ENTRY,
+    LMDB_INDEX_KEY,
+    LMDB_MANIFEST_KEY,
+    MANIFEST_LIMIT,
+    decode_index,
+    decode_manifest,
+    lmdb_chunk_key,
+)
+from packer.safe_files import open_regular
+
+from .lmdb_pages import LmdbLayout
+from .prefetch import PAGE, ParallelFetcher, cut, distinct
+
+PROGRESS_KEY = b"#progress"  # only in an unfinished pack (packer.write_lmdb)
+_MAGIC_AT, _LMDB_MAGIC = 16, (0xBEEFC0DE).to_bytes(4, "little")  # what every LMDB file starts with, after a page header
+
+
+class LmdbPack:
+    """One open LMDB pack: its manifest, its index, and where each chunk lies in the file."""
+
+    backend = "lmdb"
+    part_names: list[str] = []
+
+    def __init__(self, path: Path, fetcher: ParallelFetcher) -> None:
+        self.path = path
+        self._fetcher = fetcher
+        self._map: mmap.mmap | None = None
+        self._tree: mmap.mmap | None = None
+        self._index_view: memoryview | None = None
+        self._layout: LmdbLayout | None = None
+        try:
+            self._fd, info = open_regular(path)
+        except OSError as exc:
+            raise PackFormatError(f"{path}: cannot open as a pack ({exc.strerror or exc}); give the .lmdb file "
+                                  "that `pack` wrote") from None
+        try:
+            self._open(info.st_size)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, size: int) -> None:
+        if size < _MAGIC_AT + 4 or os.pread(self._fd, 4, _MAGIC_AT) != _LMDB_MAGIC:
+            raise UsageError(f"{self.path}: not an LMDB file; give the .lmdb file or shards folder that `pack` wrote")
+        self._map = mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ)
+        self._tree = mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ)
+        self._tree.madvise(mmap.MADV_RANDOM)
+        self._layout = LmdbLayout(self._tree, str(self.path), prefetch=self._fetch_pages)
+        manifest, index, progress = self._layout.locate_many([LMDB_MANIFEST_KEY, LMDB_INDEX_KEY, PROGRESS_KEY])
+        if manifest is None:
+            if progress is not None:
+                raise IncompletePackError(f"{self.path}: no manifest: this pack did not finish; "
+                                          "finish it with `pack SRC DEST --resume`")
+            raise IncompletePackError(f"{self.path}: no manifest: not a finished packload pack; finish it with "
+                                      "`pack SRC DEST --resume`, or give the .lmdb file that `pack` wrote")
+        if manifest[1] > MANIFEST_LIMIT:
+            raise PackFormatError(f"{self.path}: manifest of {manifest[1]:,} bytes, more than the "
+                                  f"{MANIFEST_LIMIT:,} a packload manifest may take; the pack is damaged")
+        self.manifest: dict[str, Any] = decode_manifest(self._value(*manifest).tobytes(), str(self.path))
+        if self.manifest["backend"] != "lmdb":
+            raise PackFormatError(f"{self.path}: manifest is for a {self.manifest['backend']} pack")
+        if index is None:
+            raise PackFormatError(f"{self.path}: no index; the pack is damaged")
+        self._index_view = self._value(*index)
+        self.entries, self.paths = decode_index(self._index_view, str(self.path))
+        self._need = self._chunk_needs()
+        self._table = np.full((2, len(self._need)), -1, np.int64)  # offset and size of each chunk, once located
+
+    def _chunk_needs(self) -> np.ndarray:
+        """How long each chunk must be for the records the index places in it (where the last payload
+        in it ends). Chunks are located lazily (a large pack has many thousands), and each is checked
+        against this when it is."""
+        entries = self.entries
+        if not len(entries):
+            return np.zeros(0, np.int64)
+        parts = entries["part"].astype(np.int64)
+        if int(parts.max()) >= len(entries):  # every chunk holds a record: their numbers are below the count
+            first = int(np.argmax(parts))
+            raise PackFormatError(f"{self.path}: record {first}: chunk {int(parts[first])} is missing (a pack of "
+                                  f"{len(entries)} records has fewer chunks); the pack is damaged")
+        need = np.zeros(int(parts.max()) + 1, np.int64)
+        np.maximum.at(need, parts, (entries["payload_offset"] + entries["payload_len"]).astype(np.int64))
+        return need
+
+    def locate(self, parts: np.ndarray) -> None:
+        """Locate chunks ``parts`` (an int64 array) not located yet, each checked to hold what the
+        index places in it."""
+        table = self._table
+        if len(parts) and (table[0, parts] >= 0).all():
+            return
+        unknown = distinct(parts[table[0, parts] < 0]).tolist()
+        places = self._layout.locate_many([lmdb_chunk_key(part) for part in unknown])
+        for part, place in zip(unknown, places, strict=True):
+            if place is None:
+                raise PackFormatError(f"{self.path}: chunk {part} is missing; the pack is damaged")
+            if place[1] < self._need[part]:
+                ends = (self.entries["payload_offset"] + self.entries["payload_len"]).astype(np.int64)
+                first = int(np.flatnonzero((self.entries["part"] == part) & (ends > place[1]))[0])
+                raise PackFormatError(f"{self.path}: record {first} points past the end of chunk {part} "
+                                      f"({place[1]} bytes); the pack is damaged")
+            table[:, part] = place
+
+    def _fetch_pages(self, ranges: list[tuple[int, int]]) -> None:
+        """Bring B-tree pages in before they are parsed: by parallel reads on network and FUSE
+        storage (one round trip for a whole level of the tree), else left to the page faults."""
+        if self._fetcher.threads and ranges:
+            self._fetcher.fetch([(self._fd, offset, length) for offset, length in ranges])
+
+    def _value(self, offset: int, size: int) -> memoryview:
+        """The value at ``offset`` of the file (located and bounds-checked by the layout), fetched
+        ahead in large requests when it spans pages."""
+        if size > PAGE:
+            if self._fetcher.threads:  # faulting it in there waits ~2 requests at a time
+                self._fetcher.fetch([(self._fd, offset, size)])
+            else:
+                os.posix_fadvise(self._fd, offset, size, os.POSIX_FADV_WILLNEED)
+        return memoryview(self._map)[offset : offset + size]
+
+    # -- parts -----------------------------------------------------------------------------
+    def part_view(self, part: int) -> memoryview:
+        """Chunk ``part``, as a zero-copy view of the reader's map."""
+        if self._table[0, part] < 0:
+            self.locate(np.array([part], np.int64))
+        offset, size = self._table[:, part].tolist()
+        return memoryview(self._map)[offset : offset + size]
+
+    def part_sizes_of(self, parts: np.ndarray) -> np.ndarray:
+        """Bytes in each of chunks ``parts`` (an int64 array)."""
+        self.locate(parts)
+        return self._table[1, parts]
+
+    def part_label(self, part: int) -> str:
+        """How messages name part ``part``."""
+        return f"chunk {part}"
+
+    def payload_bytes(self, parts: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[bytes]:
+        """``bytes`` of each range of each chunk (one copy each, straight from the one map)."""
+        self.locate(parts)
+        base = self._table[0, parts]
+        return cut(lambda _: self._map, np.zeros_like(parts), starts + base, ends + base)
+
+    def file_places(self, parts: list[int]) -> tuple[list[int], np.ndarray]:
+        """For each of these chunks: the file's descriptor and where the chunk starts in it."""
+        located = np.asarray(parts, dtype=np.int64)
+        self.locate(located)
+        return [self._fd] * len(parts), self._table[0, located]
+
+    def index_bytes(self) -> bytes:
+        """The index exactly as stored (for checksums)."""
+        return self._index_view.tobytes() if self._index_view is not None else b""
+
+    def close(self) -> None:
+        """Release the maps and the descriptor (a map a caller still views is freed with the view)."""
+        self.entries = np.zeros(0, INDEX_ENTRY)
+        if self._index_view is not None:
+            try:
+                self._index_view.release()
+            except BufferError:
+                pass  # a caller still holds a view of the index; it is freed with that view
+            self._index_view = None
+        for mapped in (self._map, self._tree):
+            if mapped is not None:
+                try:
+                    mapped.close()
+                except BufferError:
+                    pass  # a caller still holds a payload view; the map is freed with that view
+        self._map = self._tree = None
+        if getattr(self, "_layout", None) is not None:
+            self._layout.close()
+        if getattr(self, "_fd", -1) >= 0:
+            os.close(self._fd)
+            self._fd = -1
