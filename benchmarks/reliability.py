@@ -1,10 +1,12 @@
 """The reliability suite at full counts: SIGKILLed packs, killed DataLoader workers, bit flips and
-truncations, hostile packs, decoder fuzzing, full disks and file-size limits, LMDB map growth, and
-16 DataLoader workers over one pack. The CI tests (tests/test_reliability_*.py) run the same
-functions (tests/reliability_tools.py) with small counts; this prints the figures RELIABILITY.md
-records, and writes them as JSON with ``--json``.
+truncations, hostile packs, fuzzing (of the decoders, and of every field of a pack against every read
+path), full disks and file-size limits, LMDB map growth, and 16 DataLoader workers over one pack. The
+CI tests (tests/test_reliability_*.py, tests/test_fuzz_pack_fields.py) run the same functions
+(tests/reliability_tools.py, tests/fuzz_packs.py) with small counts; this prints the figures
+RELIABILITY.md records, and writes them as JSON with ``--json``.
 
     python benchmarks/reliability.py [--quick] [--json FILE] [--only kills,corruption,...]
+                                     [--fuzz-big-manifest MB]
 """
 
 from __future__ import annotations
@@ -27,10 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests import reliability_tools as rt  # noqa: E402
 
 SECTIONS = ("kills", "workers", "corruption", "hostile", "fuzz", "disk", "load")
-FULL = {"kill_points": 24, "flips": 600, "truncations": 50, "fuzz": 4000, "load_workers": 16, "load_epochs": 3,
-        "per_class": 30}
-QUICK = {"kill_points": 3, "flips": 24, "truncations": 6, "fuzz": 150, "load_workers": 4, "load_epochs": 2,
-         "per_class": 10}
+FULL = {"kill_points": 24, "flips": 600, "truncations": 50, "fuzz": 4000, "fuzz_fields": "full",
+        "load_workers": 16, "load_epochs": 3, "per_class": 30}
+QUICK = {"kill_points": 3, "flips": 24, "truncations": 6, "fuzz": 150, "fuzz_fields": "quick",
+         "load_workers": 4, "load_epochs": 2, "per_class": 10}
 
 
 def log(message: str) -> None:
@@ -90,6 +92,26 @@ def corruption(source: Path, refs: dict[str, Path], work: Path, counts: dict[str
         result = rt.corruption_campaign(pack, flips, truncations, seed=100 + k, log=log)
         out["backends"][name] = result
         out["problems"] += [f"{name}: {p}" for p in result["problems"]]
+    return out
+
+
+def fuzz(work: Path, counts: dict[str, Any], big_manifest: int | None) -> dict[str, Any]:
+    """Hypothesis over the decoders; then hostile packs field by field against every read path
+    (``tests/fuzz_packs.py``, the whole grid or the CI subset); then the PackLoader crop over hostile
+    index entries with the resize kernel built with AddressSanitizer and UBSan, where it builds."""
+    from tests import fuzz_packs as fp
+
+    out = rt.fuzz_decoders(counts["fuzz"], seed=7)
+    fields = fp.fuzz_fields(work / "fuzz-fields", counts["fuzz_fields"], big_manifest=big_manifest, log=log)
+    library, why = fp.build_sanitized_kernel(work / "fuzz-asan")
+    sanitized: dict[str, Any] = {"skipped": why, "problems": []}
+    if library is not None:
+        sanitized = fp.fuzz_fields(work / "fuzz-sanitized", "asan", asan_library=library)
+    out.update(fields=fields, sanitized=sanitized)
+    out["problems"] = out["problems"] + fields["problems"] + sanitized["problems"]
+    report = fp.failure_report(fields, limit=5) + (fp.failure_report(sanitized, limit=5) if library else [])
+    for line in report:
+        log("   " + line)
     return out
 
 
@@ -153,8 +175,26 @@ def summary(results: dict[str, Any], counts: dict[str, int]) -> list[str]:
                      f"{results['hostile']['pack_time_bomb_runs']} packs of decompression bombs, "
                      f"{len(results['hostile']['problems'])} problems")
     if "fuzz" in results:
-        lines.append("- fuzz: " + ", ".join(f"{n} {k} inputs" for k, n in results["fuzz"]["examples"].items())
-                     + f", {len(results['fuzz']['problems'])} problems")
+        fuzzed = results["fuzz"]
+        lines.append("- fuzz: " + ", ".join(f"{n} {k} inputs" for k, n in fuzzed["examples"].items())
+                     + f", {len(decoder_problems(fuzzed))} problems")
+        fields = fuzzed["fields"]
+        kinds: dict[str, int] = {}
+        for failure in fields["failures"] + fields["control"]:
+            kinds[failure["kind"]] = kinds.get(failure["kind"], 0) + 1
+        failing = len(fields["failures"]) + len(fields["control"])
+        by_kind = f" ({', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))})" if kinds else ""
+        lines.append(f"- hostile fields ({fields['mode']}): "
+                     + ", ".join(f"{c['cases']} {group} cases" for group, c in fields["cases"].items())
+                     + f"; {fields['packs']} packs, {fields['probes']} probes over "
+                     f"{len(fields['paths'])} read paths, {failing} failing probes{by_kind}")
+        sanitized = fuzzed["sanitized"]
+        if "skipped" in sanitized:
+            lines.append(f"- sanitized resize kernel: skipped ({sanitized['skipped']})")
+        else:
+            failing = len(sanitized["failures"]) + len(sanitized["control"])
+            lines.append(f"- sanitized resize kernel (ASan, UBSan): {sanitized['probes']} PackLoader crop "
+                         f"probes, {failing} failing")
     if "disk" in results:
         runs = results["disk"]["runs"]
         lines.append(f"- full disk / file-size limit: {sum('skipped' not in r for r in runs)} runs "
@@ -171,12 +211,20 @@ def summary(results: dict[str, Any], counts: dict[str, int]) -> list[str]:
     return lines
 
 
+def decoder_problems(fuzzed: dict[str, Any]) -> list[str]:
+    """The decoder fuzz's own problems (the fuzz section's list holds the field fuzz's too)."""
+    others = set(fuzzed["fields"]["problems"]) | set(fuzzed["sanitized"]["problems"])
+    return [p for p in fuzzed["problems"] if p not in others]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="the CI counts instead of the full ones")
     parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of {SECTIONS}")
     parser.add_argument("--json", help="write every figure and problem to this file")
     parser.add_argument("--workdir", help="folder for the temporary packs (default: a new temporary folder)")
+    parser.add_argument("--fuzz-big-manifest", type=int, metavar="MB",
+                        help="the oversized manifest of the field fuzz, in MB (default: 300; 8 with --quick)")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", message="This DataLoader will create")  # 16 workers on few cores: on purpose
     counts = QUICK if args.quick else FULL
@@ -201,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
         if "hostile" in sections:
             results["hostile"] = timed("hostile", lambda: rt.hostile_suite(refs, work / "hostile"))
         if "fuzz" in sections:
-            results["fuzz"] = timed("fuzz", lambda: rt.fuzz_decoders(counts["fuzz"], seed=7))
+            big = args.fuzz_big_manifest << 20 if args.fuzz_big_manifest else None
+            results["fuzz"] = timed("fuzz", lambda: fuzz(work, counts, big))
         if "disk" in sections:
             results["disk"] = timed("disk", lambda: disk(work))
         if "load" in sections:

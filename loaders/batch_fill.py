@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from packer.errors import PackFormatError
+from packer.errors import PackFormatError, UsageError
 from packer.format import FORMAT_CODE, PAYLOAD_FORMATS
 
 from . import resize_kernel
@@ -78,7 +78,7 @@ class RawGather:
         count = len(positions)
         if out is None:
             if self.size is None:
-                raise ValueError(f"{self.reader.path}: raw images of different sizes cannot share a batch; "
+                raise UsageError(f"{self.reader.path}: raw images of different sizes cannot share a batch; "
                                  "pack with --size HxW, or give a crop")
             shape = (count, *self.size, 3)
             if self.one_part and not verify and count:
@@ -92,7 +92,7 @@ class RawGather:
             lengths = self.reader.entries["payload_len"][positions]
             if (lengths != record_bytes).any():
                 bad = int(positions[np.flatnonzero(lengths != record_bytes)[0]])
-                raise ValueError(f"{self.reader.where(bad)}: payload of {int(lengths[lengths != record_bytes][0])} "
+                raise UsageError(f"{self.reader.where(bad)}: payload of {int(lengths[lengths != record_bytes][0])} "
                                  f"bytes, not the {out.shape[1:]} pixels of the batch; pack with --size HxW or "
                                  "give a crop")
         if verify:  # one record at a time, through the reader's checks
@@ -165,7 +165,7 @@ def fill_decoded(reader: PackReader, positions: Sequence[int], payloads: Sequenc
         if crop is not None:
             crop.into(pixels, slot)
         elif pixels.shape[:2] != tuple(slot.shape[1:]):
-            raise ValueError(f"{reader.where(index)}: image is {pixels.shape[0]}x{pixels.shape[1]}, the batch "
+            raise UsageError(f"{reader.where(index)}: image is {pixels.shape[0]}x{pixels.shape[1]}, the batch "
                              f"{slot.shape[1]}x{slot.shape[2]}; give a crop (or a transform) that makes one size")
         else:
             np.copyto(slot.numpy(), pixels.transpose(2, 0, 1))
@@ -269,6 +269,8 @@ class _CropFill:
             except DECODE_ERRORS:
                 return False  # the general route decides: PIL, or a clear error naming the record
             height, width = pixels.shape[:2]
+            if not _scaled_from(height, width, self.heights[k], self.widths[k]):
+                return False  # not the size the index gives: the general route names the record
             top, left, side = self.crop.window(height, width)
             if self.kernel and side != self.crop.size and \
                     self._resize(self.scratch_at + (top * width + left) * 3, width * 3, side, k):
@@ -289,6 +291,12 @@ class _CropFill:
         slot = self.slots[k]
         size = self.crop.size
         return resize_kernel.resize_region(source, row_bytes, side, side, slot.data_ptr(), slot.stride(2), size, size)
+
+
+def _scaled_from(height: int, width: int, stored_height: int, stored_width: int) -> bool:
+    """Whether a JPEG decoded to ``height`` x ``width`` is the stored image at one of libjpeg-turbo's
+    scales (n/8 of each side, rounded up)."""
+    return any(height == -(-stored_height * n // 8) and width == -(-stored_width * n // 8) for n in range(1, 9))
 
 
 def _decode(reader: PackReader, index: int, view: memoryview, crop: CenterCrop | None, fast_jpeg: bool,

@@ -20,7 +20,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from packer.errors import ChecksumError, PackChangedError, PackFormatError
+from packer.errors import ChecksumError, PackChangedError, PackFormatError, UsageError
 from packer.format import FORMAT_CODE
 
 from .batch_fill import RawGather, Replace, fill_decoded
@@ -206,7 +206,7 @@ class PackedImageFolder(Dataset):
             sideways = np.isin(entries["orientation"], (5, 6, 7, 8))
             heights, widths = np.where(sideways, widths, heights), np.where(sideways, heights, widths)
         if len(positions) and ((heights != heights[0]).any() or (widths != widths[0]).any()):
-            raise ValueError(f"{self.root}: images of different sizes cannot share a batch; pack with "
+            raise UsageError(f"{self.root}: images of different sizes cannot share a batch; pack with "
                              "--size HxW, or give a crop (or a transform) that makes one size")
         if not len(positions):
             return 0, 0

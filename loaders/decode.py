@@ -82,6 +82,12 @@ def _check_pixel_limit(height: int, width: int) -> None:
                                            "pixels, could be decompression bomb DOS attack.")
 
 
+def _check_size(got_height: int, got_width: int, height: int, width: int) -> None:
+    """The image must be the size the index gives it (batches and crops are laid out from the index)."""
+    if (got_height, got_width) != (height, width):
+        raise ValueError(f"the image is {got_width}x{got_height}, the index says {width}x{height}")
+
+
 def decode_pil(payload: memoryview | bytes, fmt: str, width: int, height: int,
                decode_size: tuple[int, int] | None = None, orientation: int = 0) -> Image.Image:
     """The payload as a PIL RGB image (``Image.open(original).convert("RGB")`` for lossless packs)."""
@@ -89,6 +95,7 @@ def decode_pil(payload: memoryview | bytes, fmt: str, width: int, height: int,
         image = Image.frombytes("RGB", (width, height), bytes(payload))
     else:
         image = open_image(payload)  # whatever the stored format says: only the formats packload decodes
+        _check_size(image.height, image.width, height, width)
         if decode_size is not None and image.format == "JPEG":
             height_min, width_min = _stored_size(decode_size, orientation)
             image.draft("RGB", (width_min, height_min))
@@ -110,11 +117,17 @@ def decode_array(payload: memoryview | bytes, fmt: str, mode: str, width: int, h
             and orientation not in _TRANSPOSE and payload[:3] == _JPEG_START:
         min_h, min_w = decode_size if decode_size is not None else (0, 0)
         try:
-            _check_pixel_limit(*simplejpeg.decode_jpeg_header(payload)[:2])  # PIL's bomb limit, as Image.open
-            return simplejpeg.decode_jpeg(payload, colorspace="RGB", fastdct=fast_idct, min_height=min_h,
-                                        min_width=min_w)
+            header = simplejpeg.decode_jpeg_header(payload)[:2]
         except ValueError:
-            pass  # an unusual JPEG libjpeg-turbo refuses in strict mode: PIL decides
+            header = None  # an unusual JPEG libjpeg-turbo refuses in strict mode: PIL decides
+        if header is not None:
+            _check_pixel_limit(*header)  # PIL's bomb limit, as Image.open
+            _check_size(*header, height, width)
+            try:
+                return simplejpeg.decode_jpeg(payload, colorspace="RGB", fastdct=fast_idct, min_height=min_h,
+                                            min_width=min_w)
+            except ValueError:
+                pass  # an unusual JPEG libjpeg-turbo refuses in strict mode: PIL decides
     return np.array(decode_pil(payload, fmt, width, height, decode_size, orientation))
 
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from packer.display import terminal_safe
 from packer.errors import ChecksumError, IncompletePackError, PackFormatError, UsageError
-from packer.format import INDEX_ENTRY, PAYLOAD_FORMATS, check_raw_sizes, entry_path
+from packer.format import INDEX_ENTRY, PAYLOAD_FORMATS, check_entries, entry_path
 
 from .prefetch import ParallelFetcher, Prefetcher, cut, distinct, parallel_reads
 from .read_lmdb import LmdbPack
@@ -94,11 +94,13 @@ class PackReader:
             raise PackFormatError(f"{self.path}: manifest says {self.manifest['records']} records, "
                                   f"index holds {self.records}; the pack is damaged")
         labels = self.entries["label"]
+        unlabelled = not self.classes or self.manifest.get("labelled") is False
         if self.records and (int(labels.min()) < -1 or int(labels.max()) >= max(1, len(self.classes))
-                             or (not self.classes and int(labels.max()) != -1)):
+                             or (unlabelled and int(labels.max()) != -1)
+                             or (not unlabelled and int(labels.min()) < 0)):
             raise PackFormatError(f"{self.path}: index holds labels outside the manifest's "
                                   f"{len(self.classes)} classes; the pack is damaged")
-        check_raw_sizes(self.entries, str(self.path))
+        check_entries(self.entries, self.encoding, str(self.path))
 
     def _check_index_digest(self) -> None:
         expected = self.manifest.get("index", {}).get("sha256")

@@ -101,8 +101,15 @@ def manifest_problems(reader: PackReader) -> list[dict[str, str]]:
         listed = [part.get("records") for part in manifest["parts"]]
         if any(n is not None for n in listed) and per_part != {p: n for p, n in enumerate(listed) if n}:
             problems.append("shard record counts disagree with the index")
-    elif "chunks" in manifest.get("parts", {}) and sorted(per_part) != list(range(manifest["parts"]["chunks"])):
+    elif not isinstance(manifest.get("parts"), dict):
+        problems.append("parts (chunks, chunk_size) missing")
+    elif len(per_part) != manifest["parts"]["chunks"] or sorted(per_part) != list(range(len(per_part))):
         problems.append("chunk count disagrees with the index")
+    index = manifest.get("index")
+    if not isinstance(index, dict):
+        problems.append("index (name, size, sha256) missing")
+    elif index.get("size") != len(reader.index_bytes()):
+        problems.append("index size disagrees with the index")
     return [{"file": name, "problem": problem} for problem in problems]
 
 

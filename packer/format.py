@@ -302,6 +302,32 @@ def decode_index(buf: bytes | memoryview, where: str) -> tuple[np.ndarray, bytes
     return entries, paths
 
 
+MAX_SIDE = 1 << 24  # no stored image is wider or taller (PIL refuses far smaller ones as bombs)
+# The payload formats each encoding may hold (``keep``: what the sources were, anything but raw).
+ENCODING_FORMATS = {"raw": ("raw",), "jpeg": ("JPEG",), "png": ("PNG",),
+                    "keep": tuple(name for name in PAYLOAD_FORMATS if name != "raw")}
+
+
+def check_entries(entries: np.ndarray, encoding: str, where: str) -> None:
+    """Refuse entries no packer writes: a side of 0 or past ``MAX_SIDE``, a payload format the pack's
+    encoding does not hold, and raw payloads that are not ``width * height * 3`` bytes."""
+    if not len(entries):
+        return
+    for side in ("width", "height"):
+        values = entries[side]
+        bad = (values == 0) | (values > MAX_SIDE)
+        if bad.any():
+            first = int(np.flatnonzero(bad)[0])
+            raise PackFormatError(f"{where}: record {first}: index {side} {int(values[first])} is not an image's; "
+                                  "the pack is damaged")
+    allowed = np.isin(entries["format"], [FORMAT_CODE[name] for name in ENCODING_FORMATS[encoding]])
+    if not allowed.all():
+        first = int(np.flatnonzero(~allowed)[0])
+        raise PackFormatError(f"{where}: record {first}: a {PAYLOAD_FORMATS[int(entries['format'][first])]} payload "
+                              f"in a pack of encoding {encoding!r}; the pack is damaged")
+    check_raw_sizes(entries, where)
+
+
 def check_raw_sizes(entries: np.ndarray, where: str) -> None:
     """Refuse raw records whose payload is not ``width * height * 3`` bytes (damaged or hostile)."""
     raw = entries["format"] == FORMAT_CODE["raw"]
@@ -355,13 +381,13 @@ def decode_manifest(raw: bytes, where: str) -> dict[str, Any]:
                               "packload manifest may take; the pack is damaged or not a packload pack")
     try:
         manifest = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, integers too long
         raise PackFormatError(f"{where}: manifest is not valid JSON ({type(exc).__name__}); "
                               "the pack is damaged") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
         raise PackFormatError(f"{where}: not a packload manifest (format is "
                               f"{manifest.get('format') if isinstance(manifest, dict) else type(manifest).__name__!r})")
-    if manifest.get("version") != FORMAT_VERSION:
+    if type(manifest.get("version")) is not int or manifest["version"] != FORMAT_VERSION:
         raise PackFormatError(f"{where}: pack format version {manifest.get('version')!r}; this packload "
                               f"reads version {FORMAT_VERSION}: upgrade packload or re-pack the images")
     missing = [key for key in MANIFEST_REQUIRED if key not in manifest]
@@ -378,6 +404,9 @@ def decode_manifest(raw: bytes, where: str) -> dict[str, Any]:
             isinstance(s, dict) and isinstance(s.get("path"), str) for s in manifest["skipped"]):
         raise PackFormatError(f"{where}: manifest skipped must be a list of {{path, reason}} entries")
     _check_optional_fields(manifest, where)
+    if len(manifest["skipped"]) > skipped_count(manifest) or len(manifest.get("ignored", [])) > ignored_count(manifest):
+        raise PackFormatError(f"{where}: manifest lists more skipped or left-out files than it counts; "
+                              "the pack is damaged")
     return manifest
 
 
@@ -393,13 +422,16 @@ _OPTIONAL_FIELDS: dict[str, tuple[str, Any]] = {
     "labelled": ("true or false", lambda v: isinstance(v, bool)),
     "ignored": ("a list of {path, reason} entries", lambda v: isinstance(v, list) and all(
         isinstance(s, dict) and isinstance(s.get("path"), str) for s in v)),
-    "source": ("an object", lambda v: isinstance(v, dict)),
+    "source": ("an object with a name, and counts of files and bytes", lambda v: isinstance(v, dict)
+               and isinstance(v.get("name", ""), str) and _is_int(v.get("files", 0)) and _is_int(v.get("bytes", 0))),
     "options": ("an object", lambda v: isinstance(v, dict)),
-    "index": ("an object with name, size and sha256", lambda v: isinstance(v, dict) and all(
-        isinstance(v.get(k, ""), str) for k in ("name", "sha256")) and _is_int(v.get("size", 0))),
+    "index": ("an object with name, size and sha256", lambda v: isinstance(v, dict)
+              and v.get("name") in (INDEX_NAME, LMDB_INDEX_KEY.decode()) and isinstance(v.get("sha256"), str)
+              and _is_int(v.get("size"))),
     "created": ("a date string", lambda v: isinstance(v, str)),
     "packload_version": ("a version string", lambda v: isinstance(v, str)),
-    "id": ("a string", lambda v: isinstance(v, str) and 0 < len(v) <= 256),
+    "id": ("32 hexadecimal digits", lambda v: isinstance(v, str) and len(v) == 32
+           and all(c in "0123456789abcdef" for c in v)),
     "skipped_count": ("a count", _is_int),
     "ignored_count": ("a count", _is_int),
     "ignored_by_reason": ("an object of counts", lambda v: isinstance(v, dict) and all(map(_is_int, v.values()))),
@@ -419,7 +451,7 @@ def _check_optional_fields(manifest: dict[str, Any], where: str) -> None:
             and isinstance(p.get("sha256", ""), str) for p in parts)
         expected = "a list of {name, size, sha256} shards"
     else:
-        good = isinstance(parts, dict) and _is_int(parts.get("chunks", 0)) and _is_int(parts.get("chunk_size", 0))
+        good = isinstance(parts, dict) and _is_int(parts.get("chunks")) and _is_int(parts.get("chunk_size"))
         expected = "an object with chunks and chunk_size"
     if not good:
         raise PackFormatError(f"{where}: manifest parts must be {expected}; the pack is damaged")

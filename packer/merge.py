@@ -334,7 +334,7 @@ def _manifest(readers: list[Any], classes: list[str], labelled: bool, labels: np
     return build_manifest(
         backend=backend, encoding=manifests[0]["encoding"],
         source={"name": "+".join(dict.fromkeys(names)),
-                "files": sum(int(m.get("source", {}).get("files", 0)) for m in manifests),
+                "files": sum(r.records + skipped_count(r.manifest) for r in readers),  # as each input's verify checks it
                 "bytes": sum(int(m.get("source", {}).get("bytes", 0)) for m in manifests)},
         labelled=labelled, classes=classes, labels=labels,
         payload_bytes=sum(int(r.entries["payload_len"].sum()) for r in readers), skipped=skipped, ignored=ignored,

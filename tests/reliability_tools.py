@@ -783,13 +783,15 @@ def craft_pack(dst: Path, items: list[tuple[str, int, bytes]], classes: list[str
     else:
         dst.mkdir()
         writer = ShardsWriter(dst, SHARD_SIZE)
+    limit, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None  # a bomb's header is recorded as it claims
     for path, label, payload in items:
         try:
             image = Image.open(io.BytesIO(payload))
             size, mode, fmt = image.size, image.mode, image.format or "other"
-        except Exception:  # noqa: BLE001 - a bomb or junk: record what the header claims, or nothing
-            size, mode, fmt = (0, 0), "RGB", "other"
+        except Exception:  # noqa: BLE001 - junk: a size no reader may trust
+            size, mode, fmt = (1, 1), "RGB", "other"
         writer.write(Encoded(path, label, payload, size[0], size[1], mode, fmt, 0, len(payload), zlib.crc32(payload)))
+    Image.MAX_IMAGE_PIXELS = limit
     writer.finish({"format": "packload", "version": 1, "backend": backend, "encoding": encoding,
                    "records": writer.index.count, "classes": classes, "skipped": [], "labelled": True,
                    "class_counts": {c: sum(1 for _, lab, _ in items if lab == k) for k, c in enumerate(classes)},
