@@ -34,6 +34,7 @@ from .read import PackReader
 
 Replace = Callable[[int, Exception], tuple[int, memoryview]]
 _JPEG_START = b"\xff\xd8\xff"
+_SOURCES_KEPT = 128  # parts' strided views kept
 _FEW_PARTS = 8  # above this many parts in one batch, a per-record loop beats one gather per part
 
 
@@ -68,6 +69,8 @@ class RawGather:
     def _source(self, part: int) -> np.ndarray:
         source = self._sources.get(part)
         if source is None:
+            if len(self._sources) >= _SOURCES_KEPT:  # each holds its part's map (and descriptor) open
+                del self._sources[next(iter(self._sources))]
             source = self._sources[part] = _strided_records(self.reader.part_view(part), self.record_bytes)
         return source
 

@@ -124,18 +124,20 @@ def parallel_reads(path: Path) -> bool:
 class Prefetcher:
     """Asks the storage for the bytes of a pack's records, each piece once.
 
-    ``entries`` is the pack's index; ``file_ranges`` turns parts and byte ranges within them into
-    file ranges; ``fetcher`` decides how (``threads`` 0: hints; else parallel reads)."""
+    ``entries`` is the pack's index; ``fetcher`` decides how (``threads`` 0: hints; else parallel
+    reads). Each call is given ``file_ranges``, which turns parts and byte ranges within them into
+    file ranges (the reader's: kept by the caller, so that no reference cycle keeps a closed
+    reader's files open until the garbage collector runs)."""
 
-    def __init__(self, entries: np.ndarray, file_ranges: FileRanges, fetcher: ParallelFetcher) -> None:
+    def __init__(self, entries: np.ndarray, fetcher: ParallelFetcher) -> None:
         self.entries = entries
         self.records = len(entries)
-        self.file_ranges = file_ranges
         self.fetcher = fetcher
         self._advised: set[int] = set()  # pieces already asked for
         self._asked: np.ndarray | None = None  # per record: all its pieces asked for
 
-    def before_batch(self, positions: np.ndarray, parts: np.ndarray, ends: np.ndarray) -> None:
+    def before_batch(self, positions: np.ndarray, parts: np.ndarray, ends: np.ndarray,
+                     file_ranges: FileRanges) -> None:
         """Fetch what the given records need that was not asked for yet: each record's 128 KiB
         granules, cut at the edges of its group of ``BLOCK_RECORDS`` consecutive records (a
         ``PackSampler`` block, so a shuffled read does not fetch the neighbouring blocks' bytes
@@ -150,7 +152,7 @@ class Prefetcher:
         asked = self._asked_table()
         if asked[positions].all():
             return  # every piece of these records was asked for already
-        self._prefetch_pieces(positions, parts, ends)
+        self._prefetch_pieces(positions, parts, ends, file_ranges)
         asked[positions] = True
 
     def _asked_table(self) -> np.ndarray:
@@ -159,7 +161,8 @@ class Prefetcher:
             self._asked = np.zeros(self.records, dtype=bool)
         return self._asked
 
-    def _prefetch_pieces(self, positions: np.ndarray, parts: np.ndarray, ends: np.ndarray) -> None:
+    def _prefetch_pieces(self, positions: np.ndarray, parts: np.ndarray, ends: np.ndarray,
+                         file_ranges: FileRanges) -> None:
         """``before_batch``'s work: the pieces of these records not asked for yet, asked for."""
         fresh = self._fresh_pieces(positions, parts, ends)
         if fresh is None:
@@ -173,7 +176,7 @@ class Prefetcher:
         new_run[1:] = (piece_parts[1:] != piece_parts[:-1]) | (lo[1:] > hi[:-1])  # pieces do not overlap
         heads_at = np.flatnonzero(new_run)
         stops = np.maximum.reduceat(hi, heads_at)
-        ranges = self.file_ranges(piece_parts[heads_at], lo[heads_at], stops)[0]
+        ranges = file_ranges(piece_parts[heads_at], lo[heads_at], stops)[0]
         if self.fetcher.threads:
             self.fetcher.fetch(ranges)
         else:  # what MADV_WILLNEED on the map does too, without locating each range in it
@@ -225,7 +228,7 @@ class Prefetcher:
         hi = np.minimum((granules + 1) << GRANULE_SHIFT, ceiling[rows])
         return keys, parts[rows], lo, hi
 
-    def advise(self, positions: np.ndarray) -> int:
+    def advise(self, positions: np.ndarray, file_ranges: FileRanges) -> int:
         """Ask the storage for the bytes of records ``positions`` (0..records-1), which will be read
         soon, and return at once; returns the bytes asked for.
 
@@ -241,7 +244,7 @@ class Prefetcher:
         parts = entries["part"][positions].astype(np.int64)
         ends = (entries["payload_offset"][positions] + entries["payload_len"][positions]).astype(np.int64)
         if self.fetcher.threads:
-            return self._queue_pieces(positions, parts, ends)
+            return self._queue_pieces(positions, parts, ends, file_ranges)
         starts = entries["record_offset"][positions].astype(np.int64)
         by_place = np.lexsort((starts, parts))
         parts, starts, ends = parts[by_place], starts[by_place], ends[by_place]
@@ -249,13 +252,14 @@ class Prefetcher:
         first[1:] = (parts[1:] != parts[:-1]) | (starts[1:] > ends[:-1] + PAGE)  # records do not overlap
         run_starts = np.flatnonzero(first)
         run_stops = np.maximum.reduceat(ends, run_starts)
-        ranges = self.file_ranges(parts[run_starts], starts[run_starts], run_stops)[0]
+        ranges = file_ranges(parts[run_starts], starts[run_starts], run_stops)[0]
         for fd, offset, length in ranges:
             os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
         self._asked_table()[positions] = True  # a batch of them need not ask again (see before_batch)
         return sum(length for _, _, length in ranges)
 
-    def _queue_pieces(self, positions: np.ndarray, parts: np.ndarray, ends: np.ndarray) -> int:
+    def _queue_pieces(self, positions: np.ndarray, parts: np.ndarray, ends: np.ndarray,
+                      file_ranges: FileRanges) -> int:
         """``advise`` on network and FUSE storage: the records' pieces not asked for yet, queued for
         reading in the background. Each goes into ``_advised`` once read, so a batch that comes to
         it earlier finds it fresh and reads it itself (the records are not marked as asked)."""
@@ -263,7 +267,7 @@ class Prefetcher:
         if fresh is None:
             return 0
         keys, piece_parts, lo, hi = fresh
-        ranges, kept = self.file_ranges(piece_parts, lo, hi)
+        ranges, kept = file_ranges(piece_parts, lo, hi)
         self.fetcher.queue(ranges, keys[kept].tolist(), self._advised)
         return sum(length for _, _, length in ranges)
 

@@ -81,7 +81,7 @@ class PackReader:
             self.part_names: list[str] = self._pack.part_names
             self.records = len(self.entries)
             self._check_entries()
-            self._prefetcher = Prefetcher(self.entries, self.file_ranges, self._fetcher)
+            self._prefetcher = Prefetcher(self.entries, self._fetcher)
             if check_index:
                 self._check_index_digest()
         except BaseException:
@@ -205,7 +205,7 @@ class PackReader:
         starts = entries["payload_offset"][positions].astype(np.int64)
         ends = starts + entries["payload_len"][positions].astype(np.int64)
         if len(positions) > 1 and self._prefetcher is not None:
-            self._prefetcher.before_batch(positions, parts, ends)
+            self._prefetcher.before_batch(positions, parts, ends, self.file_ranges)
         return positions, parts, starts, ends
 
     def _verify(self, positions: np.ndarray, payloads: Sequence[bytes | memoryview]) -> None:
@@ -223,7 +223,7 @@ class PackReader:
         does this). Returns the bytes asked for."""
         if self.closed or self._prefetcher is None:
             return 0
-        return self._prefetcher.advise(self.positions(indices))
+        return self._prefetcher.advise(self.positions(indices), self.file_ranges)
 
     def file_ranges(self, parts: np.ndarray, starts: np.ndarray,
                     stops: np.ndarray) -> tuple[list[tuple[int, int, int]], np.ndarray]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,13 @@ from .prefetch import PAGE, ParallelFetcher, cut, distinct
 
 PROGRESS_KEY = b"#progress"  # only in an unfinished pack (packer.write_lmdb)
 _MAGIC_AT, _LMDB_MAGIC = 16, (0xBEEFC0DE).to_bytes(4, "little")  # what every LMDB file starts with, after a page header
+
+
+def _fetch_pages(fetcher: ParallelFetcher, fd: int, ranges: list[tuple[int, int]]) -> None:
+    """Bring B-tree pages in before they are parsed: by parallel reads on network and FUSE storage
+    (one round trip for a whole level of the tree), else left to the page faults."""
+    if fetcher.threads and ranges:
+        fetcher.fetch([(fd, offset, length) for offset, length in ranges])
 
 
 class LmdbPack:
@@ -67,7 +75,7 @@ class LmdbPack:
         self._map = mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ)
         self._tree = mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ)
         self._tree.madvise(mmap.MADV_RANDOM)
-        self._layout = LmdbLayout(self._tree, str(self.path), prefetch=self._fetch_pages)
+        self._layout = LmdbLayout(self._tree, str(self.path), prefetch=partial(_fetch_pages, self._fetcher, self._fd))
         manifest, index, progress = self._layout.locate_many([LMDB_MANIFEST_KEY, LMDB_INDEX_KEY, PROGRESS_KEY])
         if manifest is None:
             if progress is not None:
@@ -122,12 +130,6 @@ class LmdbPack:
                                       f"({place[1]} bytes); the pack is damaged")
             table[:, part] = place
 
-    def _fetch_pages(self, ranges: list[tuple[int, int]]) -> None:
-        """Bring B-tree pages in before they are parsed: by parallel reads on network and FUSE
-        storage (one round trip for a whole level of the tree), else left to the page faults."""
-        if self._fetcher.threads and ranges:
-            self._fetcher.fetch([(self._fd, offset, length) for offset, length in ranges])
-
     def _value(self, offset: int, size: int) -> memoryview:
         """The value at ``offset`` of the file (located and bounds-checked by the layout), fetched
         ahead in large requests when it spans pages."""
@@ -170,6 +172,12 @@ class LmdbPack:
     def index_bytes(self) -> bytes:
         """The index exactly as stored (for checksums)."""
         return self._index_view.tobytes() if self._index_view is not None else b""
+
+    def __del__(self) -> None:
+        try:
+            self.close()  # descriptors are plain integers: nothing else would close them
+        except Exception:  # noqa: BLE001 - interpreter shutdown: they close with the process
+            pass
 
     def close(self) -> None:
         """Release the maps and the descriptor (a map a caller still views is freed with the view)."""

@@ -42,6 +42,8 @@ from packer.safe_files import (
 
 from .prefetch import ParallelFetcher, cut
 
+_MAPS_KEPT = 256  # shards kept mapped: each map holds a descriptor, and a pack may have thousands of shards
+_HINT_FDS_KEPT = 16  # shard descriptors kept open for hints when no background reads use them
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -174,6 +176,8 @@ class ShardsPack:
             mapped.close()
             raise PackFormatError(f"{path}: shard format version {int(header['version'])}, this packload "
                                   f"reads version {FORMAT_VERSION}; upgrade packload or re-pack")
+        if len(self._maps) >= _MAPS_KEPT:  # the oldest map is freed (with its descriptor) once no view holds it
+            del self._maps[next(iter(self._maps))]
         self._maps[part] = mapped
         return mapped
 
@@ -197,10 +201,16 @@ class ShardsPack:
         """For each of these parts: the descriptor of its file and where the part starts in it."""
         for part in parts:  # map each shard and read its header now: behind the ranges about to
             self.shard(part)  # be queued, that small read would wait for all of them
+        if not self._fetcher.threads:  # the hints of earlier calls are given: their descriptors can go
+            wanted = set(parts)
+            for old in [part for part in self._fds if part not in wanted][: max(0, len(self._fds) - _HINT_FDS_KEPT)]:
+                os.close(self._fds.pop(old))
         return [self.fd(part) for part in parts], np.zeros(len(parts), np.int64)
 
     def fd(self, part: int) -> int:
-        """A descriptor of shard ``part``, for positioned reads and hints."""
+        """A descriptor of shard ``part``, for positioned reads and hints. Hints use theirs at once,
+        so without parallel reads only the last few are kept open (every mapped shard holds a
+        descriptor already: a pack of many shards must not take two each)."""
         fd = self._fds.get(part)
         if fd is None:
             try:
@@ -212,6 +222,12 @@ class ShardsPack:
     def index_bytes(self) -> bytes:
         """The index exactly as stored (for checksums)."""
         return bytes(self._index_map) if self._index_map is not None else b""
+
+    def __del__(self) -> None:
+        try:
+            self.close()  # descriptors are plain integers: nothing else would close them
+        except Exception:  # noqa: BLE001 - interpreter shutdown: they close with the process
+            pass
 
     def close(self) -> None:
         """Release the maps and descriptors (a map a caller still views is freed with the view)."""
