@@ -46,9 +46,16 @@ from torch.utils.data import DataLoader  # noqa: E402
 
 from benchmarks import ffcv_peer, harness, machine, report  # noqa: E402
 from benchmarks.bench_read import in_child  # noqa: E402
-from loaders import CenterCrop, PackedImageFolder, PackLoader, batch_loader, collate_uint8  # noqa: E402
-from loaders.transforms import ResizeCenterCrop  # noqa: E402
-from packer import EncodeOptions, pack  # noqa: E402
+from packload import (  # noqa: E402
+    CenterCrop,
+    EncodeOptions,
+    PackedImageFolder,
+    PackLoader,
+    batch_loader,
+    collate_uint8,
+    pack,
+)
+from packload.loaders.transforms import ResizeCenterCrop  # noqa: E402
 
 BATCH = 64
 THREADS = 2

@@ -19,8 +19,8 @@ from typing import Any
 
 from benchmarks import cache, harness, report
 from benchmarks.peers import PEERS, Peer
-from loaders.folder import FolderImages
-from packer import EncodeOptions, pack
+from packload import EncodeOptions, pack
+from packload.loaders.folder import FolderImages
 
 TAR = "tar -cf"
 TAR_TARGET = 0.8  # packload keep should pack at least this fraction of tar's speed

@@ -31,8 +31,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from packer import EncodeOptions, pack, pack_ray  # noqa: E402
-from packer.scan import scan_folder  # noqa: E402
+from packload import EncodeOptions, pack, pack_ray  # noqa: E402
+from packload.core.scan import scan_folder  # noqa: E402
 
 
 def _clear(path: Path) -> None:

@@ -42,15 +42,14 @@ from torch.utils.data import DataLoader, Dataset, RandomSampler, Sampler
 
 from benchmarks import cache, harness, report, slowfs
 from benchmarks.peers import PEERS, ImageFolderPeer, Peer, StreamingPeer
-from loaders import CenterCrop, PackedImageFolder, PackLoader, collate_uint8
-from loaders.collate import collate_as_list
-from loaders.folder import FolderImages
-from loaders.measure import time_loader
-from loaders.transforms import ResizeCenterCrop
-from packer import EncodeOptions, pack
+from packload import CenterCrop, EncodeOptions, PackedImageFolder, PackLoader, collate_uint8, pack
+from packload.diagnose.measure import time_loader
+from packload.loaders.collate import collate_as_list
+from packload.loaders.folder import FolderImages
+from packload.loaders.transforms import ResizeCenterCrop
 
 try:  # packload's whole-batch fast path (newer packload versions)
-    from loaders import batch_loader as _batch_loader
+    from packload import batch_loader as _batch_loader
 except ImportError:  # pragma: no cover - depends on the packload version
     _batch_loader = None
 
@@ -117,7 +116,7 @@ def _close_reader(ds: Any) -> None:
 
 def _whole_batches(ds: Any, sampler: Sampler | None, batch_size: int, workers: int,
                    encoded: bool = False) -> DataLoader:
-    """packload's whole-batch loader (``loaders.batch_loader``) with the same sampler and workers."""
+    """packload's whole-batch loader (``packload.batch_loader``) with the same sampler and workers."""
     assert _batch_loader is not None
     return _batch_loader(ds, batch_size, sampler=sampler, num_workers=workers, persistent_workers=False,
                          encoded=encoded)
@@ -228,7 +227,7 @@ def contenders(p: Prepared, mode: str) -> list[Contender]:
             for backend in ("lmdb", "shards"):
                 packload(f"packload {backend}, batch_loader (encoded)", p.packs[backend],
                          loader=functools.partial(_whole_batches, encoded=True),
-                         note="loaders.batch_loader(encoded=True): DataLoader workers hand over each batch's "
+                         note="packload.batch_loader(encoded=True): DataLoader workers hand over each batch's "
                               "stored bytes as (data, offsets, labels) tensors")
     elif mode == "decoded":
         packload("packload shards, PackLoader", p.packs["shards"], loader=_threads(), note=threads_note)
@@ -249,7 +248,7 @@ def contenders(p: Prepared, mode: str) -> list[Contender]:
                  bounded=False)
     if decoded and _batch_loader is not None:
         packload("packload lmdb, batch_loader", p.packs["lmdb"], whole_batches=True,
-                 note="loaders.batch_loader: whole batches built in the workers")
+                 note="packload.batch_loader: whole batches built in the workers")
         if "lmdb raw" in p.packs:
             packload("packload lmdb raw, batch_loader", p.packs["lmdb raw"], bounded=False, whole_batches=True,
                      note="raw pack + batch_loader: pixels copied straight from the map")

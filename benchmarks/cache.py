@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from loaders.page_cache import drop, resident_pages
+from packload.diagnose.page_cache import drop, resident_pages
 
 PAGE = mmap.PAGESIZE
 EVICTED_BELOW = 0.02  # eviction counts as done when under 2 % of the bytes stay resident
@@ -45,7 +45,7 @@ def files_under(paths: Iterable[str | os.PathLike[str]]) -> Iterator[Path]:
 
 
 def file_residency(path: str | os.PathLike[str]) -> tuple[int, int]:
-    """(resident pages, total pages) of one file (``mincore`` via ``loaders.page_cache``)."""
+    """(resident pages, total pages) of one file (``mincore`` via ``packload.diagnose.page_cache``)."""
     return resident_pages(path)
 
 

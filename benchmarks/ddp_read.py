@@ -33,9 +33,9 @@ from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from loaders import PackedImageFolder  # noqa: E402
-from loaders.sampler import PackSampler  # noqa: E402
-from packer.errors import PackloadError  # noqa: E402
+from packload import PackedImageFolder  # noqa: E402
+from packload.core.errors import PackloadError  # noqa: E402
+from packload.loaders.sampler import PackSampler  # noqa: E402
 
 
 class Seen(Dataset):

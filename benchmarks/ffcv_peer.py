@@ -14,7 +14,7 @@ Functions (no module state; each builds what it needs, so each may run in a fres
 ``unavailable() -> str | None``
     ``None`` when FFCV imports, else ``"not installed (...)"`` with the reason and the recipe.
 ``samples(source_folder) -> list[tuple[str, int]]``
-    The folder's images and class indices in ImageFolder order (``packer.scan.scan_folder``, the
+    The folder's images and class indices in ImageFolder order (``packload.core.scan.scan_folder``, the
     order ``pack`` uses), so record ``i`` of a ``.beton`` is record ``i`` of a packload pack.
 ``write(source_folder, out_path, mode="raw", max_resolution=None, quality=90, workers=None) -> dict``
     ``DatasetWriter`` with ``{"image": RGBImageField(write_mode=mode, max_resolution=...,
@@ -103,7 +103,7 @@ def version() -> str | None:
 
 def samples(source_folder: str | os.PathLike[str]) -> list[tuple[str, int]]:
     """Absolute image paths and class indices in ImageFolder order (the order ``pack`` stores)."""
-    from packer.scan import scan_folder
+    from packload.core.scan import scan_folder
 
     scan = scan_folder(source_folder)
     root = Path(source_folder).resolve()

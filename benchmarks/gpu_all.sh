@@ -31,12 +31,12 @@ if [ -z "$IMAGES" ]; then
   IMAGES=$W/images
   step make_images 120 "$PY" benchmarks/make_images.py imagenet "$IMAGES" --count "${COUNT:-10000}" --classes 100 --quiet --overwrite
 fi
-step pack_keep_lmdb 120 "$PY" -m packer "$IMAGES" "$W/keep.lmdb" --quiet --overwrite
-step pack_keep_shards 120 "$PY" -m packer "$IMAGES" "$W/keep.shards" --quiet --overwrite
-step pack_small_shards 180 "$PY" -m packer "$IMAGES" "$W/small.shards" --encoding jpeg --quality 90 --max-side 256 \
+step pack_keep_lmdb 120 "$PY" -m packload "$IMAGES" "$W/keep.lmdb" --quiet --overwrite
+step pack_keep_shards 120 "$PY" -m packload "$IMAGES" "$W/keep.shards" --quiet --overwrite
+step pack_small_shards 180 "$PY" -m packload "$IMAGES" "$W/small.shards" --encoding jpeg --quality 90 --max-side 256 \
   --quiet --overwrite --json
 step gpu_check 180 sh -c "\"$PY\" benchmarks/gpu_check.py \"$W/keep.lmdb\" --batch-size 256 --step-ms 120 --budget 30 > \"$OUT/gpu_check.json\""
-step doctor 120 sh -c "\"$PY\" -m packer doctor \"$W/keep.lmdb\" --batch-size 256 --step-ms 120 --json > \"$OUT/doctor.json\""
+step doctor 120 sh -c "\"$PY\" -m packload doctor \"$W/keep.lmdb\" --batch-size 256 --step-ms 120 --json > \"$OUT/doctor.json\""
 step gpu_train 240 sh -c "\"$PY\" benchmarks/gpu_train.py \"$IMAGES\" \"$W/keep.shards\" \"$W/small.shards\" --model resnet18 --seconds 8 > \"$OUT/gpu_train.json\""
 step pytest 180 sh -c "\"$PY\" -m pytest -q -p no:cacheprovider tests/test_tune.py tests/test_collate.py tests/test_pack_loader.py tests/test_doctor.py tests/test_dataset.py > \"$OUT/pytest.log\" 2>&1"
 tail -3 "$OUT/pytest.log" >&2 || true

@@ -26,9 +26,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from loaders.gpu_step import DummyStep  # noqa: E402
-from loaders.measure import machine_info  # noqa: E402
-from loaders.tune import format_report, tune_path  # noqa: E402
+from packload.diagnose.gpu_step import DummyStep  # noqa: E402
+from packload.diagnose.measure import machine_info  # noqa: E402
+from packload.diagnose.tune import format_report, tune_path  # noqa: E402
 
 TOLERANCE = 0.10
 

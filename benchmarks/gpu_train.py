@@ -40,11 +40,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from torch.utils.data import DataLoader  # noqa: E402
 
-from loaders import CenterCrop, PackedImageFolder, PackLoader, collate_uint8  # noqa: E402
-from loaders.folder import FolderImages  # noqa: E402
-from loaders.gpu_step import SmallCNN  # noqa: E402
-from loaders.measure import machine_info, usable_cores  # noqa: E402
-from loaders.transforms import ResizeCenterCrop  # noqa: E402
+from packload import CenterCrop, PackedImageFolder, PackLoader, collate_uint8  # noqa: E402
+from packload.diagnose.gpu_step import SmallCNN  # noqa: E402
+from packload.diagnose.measure import machine_info, usable_cores  # noqa: E402
+from packload.loaders.folder import FolderImages  # noqa: E402
+from packload.loaders.transforms import ResizeCenterCrop  # noqa: E402
 
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1) * 255
 STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1) * 255
@@ -60,7 +60,7 @@ def build_model(name: str, num_classes: int) -> tuple[nn.Module, str]:
         except ImportError:
             print(f"gpu_train: torchvision is not installed; training packload's small-cnn instead of {name}",
                   file=sys.stderr)
-    return SmallCNN(num_classes=num_classes), "loaders.gpu_step.SmallCNN"
+    return SmallCNN(num_classes=num_classes), "packload.diagnose.gpu_step.SmallCNN"
 
 
 class Trainer:

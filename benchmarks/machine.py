@@ -26,8 +26,8 @@ import numpy as np
 from PIL import Image
 
 from benchmarks import cache
-from loaders.measure import cpu_model, usable_cores
-from loaders.transforms import ResizeCenterCrop
+from packload.diagnose.measure import cpu_model, usable_cores
+from packload.loaders.transforms import ResizeCenterCrop
 
 try:  # optional fast JPEG decoder (packload's `fast` extra)
     import simplejpeg
@@ -96,7 +96,7 @@ def code_state(repo: Path) -> dict[str, Any]:
             return None
         return done.stdout.rstrip() if done.returncode == 0 else None
 
-    changed = git("status", "--porcelain", "--untracked-files=no", "--", "packer", "loaders")
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", "packload", "packer", "loaders")
     return {"commit": git("rev-parse", "--short", "HEAD"), "subject": git("log", "-1", "--format=%s"),
             "uncommitted_library_files": [line[3:] for line in (changed or "").splitlines()]}
 

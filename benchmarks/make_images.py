@@ -3,7 +3,7 @@
     python benchmarks/make_images.py imagenet OUT [--count N] [--classes K] [--seed S] [--workers W] [--quiet]
     python benchmarks/make_images.py cifar OUT ...
 
-A thin command line over :mod:`packer.synthetic`; see there for what the images look like.
+A thin command line over :mod:`packload.packer.synthetic`; see there for what the images look like.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 try:
-    from packer.synthetic import make_cifar_like, make_imagenet_like
+    from packload.packer.synthetic import make_cifar_like, make_imagenet_like
 except ModuleNotFoundError:  # run as a script from a checkout: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from packer.synthetic import make_cifar_like, make_imagenet_like
+    from packload.packer.synthetic import make_cifar_like, make_imagenet_like
 
 _DEFAULTS = {"imagenet": (20000, 20), "cifar": (50000, 10)}
 

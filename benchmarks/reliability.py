@@ -49,7 +49,7 @@ def timed(name: str, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 
 
 def kills(work: Path, source: Path, refs: dict[str, Path], counts: dict[str, int]) -> dict[str, Any]:
-    from loaders import PackReader
+    from packload import PackReader
 
     out: dict[str, Any] = {"runs": [], "problems": []}
     for backend, ref in refs.items():
@@ -80,7 +80,7 @@ def workers(refs: dict[str, Path]) -> dict[str, Any]:
 
 def corruption(source: Path, refs: dict[str, Path], work: Path, counts: dict[str, int]) -> dict[str, Any]:
     """Both backends as packed by default (keep), and a raw-pixel shards pack with half the flips."""
-    from packer.encode import EncodeOptions
+    from packload.packer.encode import EncodeOptions
 
     raw = work / "raw.shards"
     rt.pack_small(source, raw, options=EncodeOptions(encoding="raw", size=(24, 24)))

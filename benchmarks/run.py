@@ -4,7 +4,7 @@
                              [--storage slow:LATENCY_MS[:MBPS]]
 
 Full scale reads DATA/imagenet (20,000 JPEGs) and DATA/cifar (50,000 PNGs); ``--quick`` uses
-2,000 JPEGs and 10,000 PNGs. Missing datasets are generated (``packer.synthetic``, seeded). Parts
+2,000 JPEGs and 10,000 PNGs. Missing datasets are generated (``packload.packer.synthetic``, seeded). Parts
 run separately (``--only``) are merged into the results already in ``--out``. ``--storage slow:2``
 reads through an emulated slow disk (``benchmarks/slowfs.py``; root or fusermount, libfuse2, fusepy).
 """
@@ -27,7 +27,7 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import bench_pack, bench_read, machine, plots, report, slowfs  # noqa: E402
-from packer.synthetic import make_cifar_like, make_imagenet_like  # noqa: E402
+from packload.packer.synthetic import make_cifar_like, make_imagenet_like  # noqa: E402
 
 PARTS = ("machine", "pack", "read")
 SCALES: dict[str, dict[str, Any]] = {

@@ -26,7 +26,7 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.slowfs import SERVERS, SlowFS, unavailable  # noqa: E402
-from loaders import PackedImageFolder  # noqa: E402
+from packload import PackedImageFolder  # noqa: E402
 
 
 def read_pack(fs: SlowFS, pack: Path, block_size: int, batch_size: int) -> dict[str, Any]:

@@ -34,11 +34,11 @@ from PIL import Image  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from benchmarks.machine import rate, sample_files  # noqa: E402
-from loaders import CenterCrop, PackedImageFolder, PackLoader, collate_uint8  # noqa: E402
-from loaders.decode import decode_array  # noqa: E402
-from loaders.folder import FolderImages  # noqa: E402
-from loaders.measure import time_loader, usable_cores  # noqa: E402
-from loaders.transforms import ResizeCenterCrop  # noqa: E402
+from packload import CenterCrop, PackedImageFolder, PackLoader, collate_uint8  # noqa: E402
+from packload.diagnose.measure import time_loader, usable_cores  # noqa: E402
+from packload.loaders.decode import decode_array  # noqa: E402
+from packload.loaders.folder import FolderImages  # noqa: E402
+from packload.loaders.transforms import ResizeCenterCrop  # noqa: E402
 
 BATCH = 64
 

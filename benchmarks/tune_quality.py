@@ -30,9 +30,9 @@ from torch.utils.data import Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from loaders.gpu_step import DummyStep  # noqa: E402
-from loaders.tune import DEFAULT_TOLERANCE, tune  # noqa: E402
-from loaders.tune_search import (  # noqa: E402
+from packload.diagnose.gpu_step import DummyStep  # noqa: E402
+from packload.diagnose.tune import DEFAULT_TOLERANCE, tune  # noqa: E402
+from packload.diagnose.tune_search import (  # noqa: E402
     PREFETCH_DEEPER,
     PREFETCH_DEFAULT,
     Key,

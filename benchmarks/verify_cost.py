@@ -15,10 +15,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from torch.utils.data import DataLoader  # noqa: E402
 
-from loaders import PackedImageFolder, collate_uint8  # noqa: E402
-from loaders.collate import collate_as_list  # noqa: E402
-from loaders.measure import time_loader  # noqa: E402
-from loaders.transforms import ResizeCenterCrop  # noqa: E402
+from packload import PackedImageFolder, collate_uint8  # noqa: E402
+from packload.diagnose.measure import time_loader  # noqa: E402
+from packload.loaders.collate import collate_as_list  # noqa: E402
+from packload.loaders.transforms import ResizeCenterCrop  # noqa: E402
 
 
 def rate(pack: str, verify: bool, decode: bool) -> float:

@@ -23,14 +23,13 @@ import numpy as np
 import torch
 from PIL import Image
 
-from packer.errors import PackFormatError, UsageError
-from packer.format import FORMAT_CODE, PAYLOAD_FORMATS
-
-from . import resize_kernel
-from .crop import CenterCrop, interleaved, resize
-from .decode import DECODE_ERRORS, decode_array, decode_failure, raw_array, simplejpeg
-from .prefetch import distinct
-from .read import PackReader
+from packload.core import resize_kernel
+from packload.core.errors import PackFormatError, UsageError
+from packload.core.format import FORMAT_CODE, PAYLOAD_FORMATS
+from packload.loaders.crop import CenterCrop, interleaved, resize
+from packload.loaders.decode import DECODE_ERRORS, decode_array, decode_failure, raw_array, simplejpeg
+from packload.loaders.prefetch import distinct
+from packload.loaders.read import PackReader
 
 Replace = Callable[[int, Exception], tuple[int, memoryview]]
 _JPEG_START = b"\xff\xd8\xff"

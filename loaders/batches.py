@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler
 
-from .crop import CenterCrop
-from .dataset import PackedImageFolder
+from packload.loaders.crop import CenterCrop
+from packload.loaders.dataset import PackedImageFolder
 
 
 class PackBatches(Dataset):

@@ -24,8 +24,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from . import resize_kernel
-from .collate import as_chw
+from packload.core import resize_kernel
+from packload.loaders.collate import as_chw
 
 
 @dataclass(frozen=True)

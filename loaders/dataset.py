@@ -20,16 +20,15 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from packer.errors import ChecksumError, PackChangedError, PackFormatError, UsageError
-from packer.format import FORMAT_CODE
-
-from .batch_fill import RawGather, Replace, fill_decoded
-from .collate import collate_encoded, collate_uint8
-from .crop import CenterCrop
-from .decode import DECODE_ERRORS, decode_array, decode_failure, decode_pil, to_output
-from .hints import PackHints
-from .read import PackReader
-from .sampler import PackSampler, Prefetch
+from packload.core.errors import ChecksumError, PackChangedError, PackFormatError, UsageError
+from packload.core.format import FORMAT_CODE
+from packload.loaders.batch_fill import RawGather, Replace, fill_decoded
+from packload.loaders.collate import collate_encoded, collate_uint8
+from packload.loaders.crop import CenterCrop
+from packload.loaders.decode import DECODE_ERRORS, decode_array, decode_failure, decode_pil, to_output
+from packload.loaders.hints import PackHints
+from packload.loaders.read import PackReader
+from packload.loaders.sampler import PackSampler, Prefetch
 
 OUTPUTS = ("pil", "numpy", "tensor", "bytes")
 ON_ERROR = ("raise", "skip")

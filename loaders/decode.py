@@ -20,8 +20,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from packer.errors import PackFormatError
-from packer.probe import NotDecodableError, open_image
+from packload.core.errors import PackFormatError
+from packload.core.probe import NotDecodableError, open_image
 
 try:  # optional: pip install packload[fast]
     import simplejpeg

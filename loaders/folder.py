@@ -15,9 +15,9 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
-from packer.probe import NotDecodableError, open_image
-from packer.safe_files import read_regular
-from packer.scan import scan_folder
+from packload.core.probe import NotDecodableError, open_image
+from packload.core.safe_files import read_regular
+from packload.core.scan import scan_folder
 
 
 class FolderImages(Dataset):

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from .read import PackReader
+from packload.loaders.read import PackReader
 
 
 class PackHints:

@@ -28,13 +28,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from packer.threads import single_core_torch_pool
-
-from .crop import CenterCrop
-from .dataset import PackedImageFolder
-from .measure import usable_cores
-from .prefetch import parallel_reads
-from .sampler import PackSampler
+from packload.core.threads import single_core_torch_pool
+from packload.diagnose.measure import usable_cores
+from packload.loaders.crop import CenterCrop
+from packload.loaders.dataset import PackedImageFolder
+from packload.loaders.prefetch import parallel_reads
+from packload.loaders.sampler import PackSampler
 
 _REMOTE_COPY_THREADS = 4  # threads copying batches on network and FUSE storage with no announcements (see __init__)
 

@@ -115,7 +115,7 @@ def parallel_reads(path: Path) -> bool:
     forced = os.environ.get("PACKLOAD_PARALLEL_READS")
     if forced in ("0", "1"):
         return forced == "1"
-    from loaders.machine import storage_facts
+    from packload.diagnose.machine import storage_facts
 
     facts = storage_facts(str(path))
     return bool(facts["network"] or facts["fuse"])

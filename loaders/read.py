@@ -23,13 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from packer.display import terminal_safe
-from packer.errors import ChecksumError, IncompletePackError, PackFormatError, UsageError
-from packer.format import INDEX_ENTRY, PAYLOAD_FORMATS, check_entries, entry_path
-
-from .prefetch import ParallelFetcher, Prefetcher, cut, distinct, parallel_reads
-from .read_lmdb import LmdbPack
-from .read_shards import ShardsPack
+from packload.core.display import terminal_safe
+from packload.core.errors import ChecksumError, IncompletePackError, PackFormatError, UsageError
+from packload.core.format import INDEX_ENTRY, PAYLOAD_FORMATS, check_entries, entry_path
+from packload.loaders.prefetch import ParallelFetcher, Prefetcher, cut, distinct, parallel_reads
+from packload.loaders.read_lmdb import LmdbPack
+from packload.loaders.read_shards import ShardsPack
 
 
 def detect_backend(path: Path) -> str:

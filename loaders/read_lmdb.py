@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from packer.errors import IncompletePackError, PackFormatError, UsageError
-from packer.format import (
+from packload.core.errors import IncompletePackError, PackFormatError, UsageError
+from packload.core.format import (
     INDEX_ENTRY,
     LMDB_INDEX_KEY,
     LMDB_MANIFEST_KEY,
@@ -29,10 +29,9 @@ from packer.format import (
     decode_manifest,
     lmdb_chunk_key,
 )
-from packer.safe_files import open_regular
-
-from .lmdb_pages import LmdbLayout
-from .prefetch import PAGE, ParallelFetcher, cut, distinct
+from packload.core.lmdb_pages import LmdbLayout
+from packload.core.safe_files import open_regular
+from packload.loaders.prefetch import PAGE, ParallelFetcher, cut, distinct
 
 PROGRESS_KEY = b"#progress"  # only in an unfinished pack (packer.write_lmdb)
 _MAGIC_AT, _LMDB_MAGIC = 16, (0xBEEFC0DE).to_bytes(4, "little")  # what every LMDB file starts with, after a page header

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from packer.errors import IncompletePackError, PackFormatError, UsageError
-from packer.format import (
+from packload.core.errors import IncompletePackError, PackFormatError, UsageError
+from packload.core.format import (
     FORMAT_VERSION,
     INDEX_ENTRY,
     INDEX_NAME,
@@ -32,15 +32,14 @@ from packer.format import (
     decode_index,
     decode_manifest,
 )
-from packer.safe_files import (
+from packload.core.safe_files import (
     FileChangedError,
     FileTooLargeError,
     NotRegularFileError,
     open_regular,
     read_regular,
 )
-
-from .prefetch import ParallelFetcher, cut
+from packload.loaders.prefetch import ParallelFetcher, cut
 
 _MAPS_KEPT = 256  # shards kept mapped: each map holds a descriptor, and a pack may have thousands of shards
 _HINT_FDS_KEPT = 16  # shard descriptors kept open for hints when no background reads use them

@@ -184,7 +184,7 @@ class PackSampler(torch.utils.data.Sampler[int]):
         if prefetch is not None and not callable(prefetch):
             if not isinstance(prefetch, (str, os.PathLike)):
                 raise TypeError(f"prefetch must be a pack's path or a callable, got {type(prefetch).__name__}")
-            from .hints import PackHints  # the reader maps files: only when asked for
+            from packload.loaders.hints import PackHints  # the reader maps files: only when asked for
 
             prefetch = PackHints(prefetch)
         self._prefetch = prefetch

@@ -47,10 +47,9 @@ from typing import Any
 from PIL import Image
 from tqdm import tqdm
 
-from packer.display import terminal_safe
-from packer.errors import PackFormatError, UsageError, WriteError
-
-from .read import PackReader
+from packload.core.display import terminal_safe
+from packload.core.errors import PackFormatError, UsageError, WriteError
+from packload.loaders.read import PackReader
 
 _SUFFIX = {"JPEG": ".jpg", "PNG": ".png", "raw": ".png"}
 _FITTING = {"JPEG": {".jpg", ".jpeg", ".jpe", ".jfif"}, "PNG": {".png"}, "raw": {".png"}}  # kept as they are

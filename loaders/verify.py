@@ -16,13 +16,18 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
-from packer.display import terminal_safe
-from packer.errors import PackFormatError
-from packer.format import PAYLOAD_FORMATS, decode_record_header, entry_path, ignored_count, skipped_count
-from packer.pipeline import pack_size
-
-from .decode import decode_pil
-from .read import PackReader
+from packload.core.display import terminal_safe
+from packload.core.errors import PackFormatError
+from packload.core.format import (
+    PAYLOAD_FORMATS,
+    decode_record_header,
+    entry_path,
+    ignored_count,
+    skipped_count,
+)
+from packload.loaders.decode import decode_pil
+from packload.loaders.read import PackReader
+from packload.packer.pipeline import pack_size
 
 HASH_BLOCK = 8 << 20
 

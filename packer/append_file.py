@@ -19,7 +19,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from .direct_file import DirectAppender, libc_function
+from packload.packer.direct_file import DirectAppender, libc_function
 
 BLOCK = 4 << 20
 MAX_PIECES = 4096  # records per block at most, however small

@@ -22,9 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from .encode import Encoded
-from .errors import PackFormatError
-from .format import (
+from packload.core.errors import PackFormatError
+from packload.core.format import (
     INDEX_ENTRY,
     PAYLOAD_FORMATS,
     RECORD_HEADER,
@@ -33,6 +32,7 @@ from .format import (
     encode_index,
     shard_name,
 )
+from packload.packer.encode import Encoded
 
 _HEAD = RECORD_HEADER.itemsize
 _U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")

@@ -35,12 +35,18 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from .errors import UsageError, WriteError
-from .format import FORMAT_NAME, LMDB_CHUNK_PREFIX, LMDB_INDEX_KEY, LMDB_MANIFEST_KEY, MANIFEST_LIMIT
-from .lmdb_keys import lmdb_keys
-from .safe_files import read_regular
-from .write_lmdb import PROGRESS_KEY
-from .write_shards import PROGRESS_NAME, fsync_dir
+from packload.core.errors import UsageError, WriteError
+from packload.core.format import (
+    FORMAT_NAME,
+    LMDB_CHUNK_PREFIX,
+    LMDB_INDEX_KEY,
+    LMDB_MANIFEST_KEY,
+    MANIFEST_LIMIT,
+)
+from packload.core.safe_files import read_regular
+from packload.packer.lmdb_keys import lmdb_keys
+from packload.packer.write_lmdb import PROGRESS_KEY
+from packload.packer.write_shards import PROGRESS_NAME, fsync_dir
 
 PARTIAL_SUFFIX = ".partial"
 LOCK_SUFFIX = ".lock"

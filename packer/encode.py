@@ -26,10 +26,17 @@ try:  # libjpeg-turbo, releases the GIL: the fast path for re-encoding JPEGs (th
 except ImportError:  # pragma: no cover - PIL does everything without it
     simplejpeg = None
 
-from .format import ENCODINGS, RAW_CHANNELS
-from .probe import EXIF_ORIENTATION, BombError, ImageHeader, NotDecodableError, open_image, probe
-from .safe_files import FileChangedError, NotRegularFileError, kind_of, read_open_file, read_regular
-from .scan import NOT_REGULAR, Sample
+from packload.core import resize_kernel
+from packload.core.format import ENCODINGS, RAW_CHANNELS
+from packload.core.probe import EXIF_ORIENTATION, BombError, ImageHeader, NotDecodableError, open_image, probe
+from packload.core.safe_files import (
+    FileChangedError,
+    NotRegularFileError,
+    kind_of,
+    read_open_file,
+    read_regular,
+)
+from packload.core.scan import NOT_REGULAR, Sample
 
 CHECKS = ("fast", "full")
 
@@ -218,8 +225,6 @@ def resize_rgb(pixels: np.ndarray, target: tuple[int, int]) -> np.ndarray:
         image = Image.fromarray(pixels).resize(target, RESIZE, reducing_gap=3.0)
         return np.asarray(image)
     out = np.empty((height, width, RAW_CHANNELS), np.uint8)
-    from loaders import resize_kernel  # here: importing loaders imports torch, which `keep` packs never need
-
     if RESIZE == Image.Resampling.BILINEAR and resize_kernel.resize_region(
             pixels.ctypes.data, pixels.strides[0], pixels.shape[0], pixels.shape[1], out.ctypes.data,
             out.strides[0], height, width):

@@ -12,9 +12,8 @@ import zlib
 
 import numpy as np
 
-from .encode import Encoded
-from .errors import PackFormatError
-from .format import (
+from packload.core.errors import PackFormatError
+from packload.core.format import (
     _HEADER_BODY,
     FORMAT_CODE,
     INDEX_ENTRY,
@@ -24,6 +23,7 @@ from .format import (
     encode_index,
     index_entry,
 )
+from packload.packer.encode import Encoded
 
 _HEADER_SIZE = RECORD_HEADER.itemsize
 _OTHER = FORMAT_CODE["other"]

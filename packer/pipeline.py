@@ -23,8 +23,14 @@ from typing import Any
 import lmdb
 from tqdm import tqdm
 
-from . import encode
-from .destination import (
+from packload.core.display import terminal_safe
+from packload.core.errors import PackFormatError, SkippedFileError, UsageError, WriteError
+from packload.core.format import RecordMeta, build_manifest, ignored_count, skipped_count
+from packload.core.scan import Sample, ScanResult, printable, scan_folder
+from packload.core.threads import single_core_torch_pool
+from packload.core.workers import process_pool
+from packload.packer import encode
+from packload.packer.destination import (
     DestinationLock,
     check_apart,
     check_destination,
@@ -38,15 +44,9 @@ from .destination import (
     remove_ours,
     system_reason,
 )
-from .display import terminal_safe
-from .encode import Encoded, EncodeOptions, Skipped, encode_chunk
-from .errors import PackFormatError, SkippedFileError, UsageError, WriteError
-from .format import RecordMeta, build_manifest, ignored_count, skipped_count
-from .scan import Sample, ScanResult, printable, scan_folder
-from .threads import single_core_torch_pool
-from .workers import process_pool
-from .write_lmdb import LmdbWriter
-from .write_shards import ShardsWriter
+from packload.packer.encode import Encoded, EncodeOptions, Skipped, encode_chunk
+from packload.packer.write_lmdb import LmdbWriter
+from packload.packer.write_shards import ShardsWriter
 
 DEFAULT_SHARD_SIZE = 256 << 20
 # Address space LMDB reserves per file to pack (not disk: the file grows as it is written); doubled

@@ -27,8 +27,22 @@ import lmdb
 import numpy as np
 from tqdm import tqdm
 
-from .combine import ShardPayloads, ShardSource, copy_records, joined_index, place_shards
-from .destination import (
+from packload.core.display import terminal_safe
+from packload.core.errors import PackloadError, UsageError
+from packload.core.format import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    INDEX_NAME,
+    MANIFEST_NAME,
+    build_manifest,
+    decode_index,
+    encode_manifest,
+    ignored_count,
+    skipped_count,
+)
+from packload.core.scan import Sample, ScanResult, printable, scan_folder
+from packload.packer.combine import ShardPayloads, ShardSource, copy_records, joined_index, place_shards
+from packload.packer.destination import (
     DestinationLock,
     check_apart,
     check_destination,
@@ -41,21 +55,8 @@ from .destination import (
     publish,
     remove_ours,
 )
-from .display import terminal_safe
-from .encode import EncodeOptions
-from .errors import PackloadError, UsageError
-from .format import (
-    FORMAT_NAME,
-    FORMAT_VERSION,
-    INDEX_NAME,
-    MANIFEST_NAME,
-    build_manifest,
-    decode_index,
-    encode_manifest,
-    ignored_count,
-    skipped_count,
-)
-from .pipeline import (
+from packload.packer.encode import EncodeOptions
+from packload.packer.pipeline import (
     DEFAULT_SHARD_SIZE,
     LMDB_MAP_PER_FILE,
     _encoded_stream,
@@ -64,9 +65,8 @@ from .pipeline import (
     pack_size,
     write_or_skip,
 )
-from .scan import Sample, ScanResult, printable, scan_folder
-from .write_lmdb import LmdbWriter
-from .write_shards import ShardsWriter, fsync_dir, write_file_atomic
+from packload.packer.write_lmdb import LmdbWriter
+from packload.packer.write_shards import ShardsWriter, fsync_dir, write_file_atomic
 
 INSTALL_HINT = '--engine ray needs Ray, which is not installed; pip install "packload[ray]"'
 MIN_TASK_FILES = 5000  # files per task at least: each task costs ~20-40 ms (BENCHMARKS.md, Packing on Ray)

@@ -27,7 +27,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 from tqdm import tqdm
 
-from .workers import die_with_parent, worker_parent
+from packload.core.workers import die_with_parent, worker_parent
 
 __all__ = ["make_cifar_like", "make_imagenet_like"]
 

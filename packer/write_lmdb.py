@@ -20,10 +20,8 @@ from typing import Any
 
 import lmdb
 
-from .append_file import start_writeback
-from .encode import Encoded
-from .errors import PackFormatError, WriteError
-from .format import (
+from packload.core.errors import PackFormatError, WriteError
+from packload.core.format import (
     LMDB_CHUNK_PREFIX,
     LMDB_INDEX_KEY,
     LMDB_MANIFEST_KEY,
@@ -33,7 +31,9 @@ from .format import (
     encode_manifest,
     lmdb_chunk_key,
 )
-from .index_builder import IndexBuilder
+from packload.packer.append_file import start_writeback
+from packload.packer.encode import Encoded
+from packload.packer.index_builder import IndexBuilder
 
 PROGRESS_KEY = b"#progress"  # only in an unfinished pack: what --resume needs
 CHUNK_SIZE = 1 << 20

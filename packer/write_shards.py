@@ -18,10 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from .append_file import HashingAppender
-from .encode import Encoded
-from .errors import PackFormatError
-from .format import (
+from packload.core.errors import PackFormatError
+from packload.core.format import (
     FORMAT_VERSION,
     INDEX_NAME,
     MANIFEST_NAME,
@@ -33,7 +31,9 @@ from .format import (
     encode_manifest,
     shard_name,
 )
-from .index_builder import IndexBuilder
+from packload.packer.append_file import HashingAppender
+from packload.packer.encode import Encoded
+from packload.packer.index_builder import IndexBuilder
 
 PROGRESS_NAME = "progress.json"  # only in an unfinished pack: what --resume needs
 

@@ -62,13 +62,13 @@ BIG_MANIFEST_QUICK = 8 << 20  # the same, scaled down for CI
 LONG_STRING = 1 << 20  # characters of the "very long string" JSON value
 # The reader's manifest size limit: the workers lower it to half the big case's size (when that is
 # lower), so that a scaled-down case tests the same refusal as a real 300 MB manifest.
-MANIFEST_LIMIT_HOOK = ("packer.format", "MANIFEST_LIMIT")
+MANIFEST_LIMIT_HOOK = ("packload.core.format", "MANIFEST_LIMIT")
 DOC_MANIFEST_LIMIT = 64 << 20  # docs/FORMAT.md: a reader refuses a larger manifest before parsing it
 VALUE_LIMIT = 2**62  # docs/FORMAT.md: every index offset and length is below this
 MAX_ORIENTATION = 8
 RECYCLE = 3  # a worker's exit status asking the server for a fresh worker (not a death)
 
-# -- the format, as docs/FORMAT.md gives it (no import of packer.format) ------------------------------
+# -- the format, as docs/FORMAT.md gives it (no import of packload.core.format) ------------------------------
 
 INDEX_HEADER = struct.Struct("<4sIQIIQ")
 INDEX_ENTRY = struct.Struct("<IiQQQIIIQHBB8s")
@@ -123,8 +123,8 @@ def make_bases(root: Path) -> dict[tuple[str, str], Path]:
     """The intact packs every case starts from: (backend, payload) → path. Each holds 13 records of 3
     classes in several parts (64 KiB shards, 16 KiB LMDB chunks); ``keep`` holds JPEGs and PNGs of a
     few sizes (one large PNG), ``raw`` pixels of one size."""
-    from packer import pack
-    from packer.encode import EncodeOptions
+    from packload import pack
+    from packload.packer.encode import EncodeOptions
 
     source = rt.make_source(root / "src", per_class=PER_CLASS, big=1)
     out = {}
@@ -1202,7 +1202,7 @@ class Probe:
 
     def exception(self, exc: BaseException, what: str) -> None:
         """Judge an exception raised by a read path: ours (a refusal), or a failure."""
-        from packer.errors import PackloadError
+        from packload.core.errors import PackloadError
 
         if isinstance(exc, PackloadError):
             self.refused.append(f"{what}: {str(exc)[:200]}")
@@ -1307,9 +1307,9 @@ def _classify(exc: BaseException) -> tuple[str, str]:
 
 
 def _where(exc: BaseException) -> str:
-    """The innermost frame of the exception's traceback in packload's code (loaders/ or packer/)."""
+    """The innermost frame of the exception's traceback in packload's code."""
     frames = traceback.extract_tb(exc.__traceback__)
-    ours = [f for f in frames if "/loaders/" in f.filename or "/packer/" in f.filename]
+    ours = [f for f in frames if any(top in f.filename for top in _OURS)]
     frame = (ours or frames or [None])[-1]
     if frame is None:
         return "?"
@@ -1318,12 +1318,15 @@ def _where(exc: BaseException) -> str:
 
 def _where_in_text(text: str) -> str:
     frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', text)
-    ours = [f for f in frames if "/loaders/" in f[0] or "/packer/" in f[0]] or frames
+    ours = [f for f in frames if any(top in f[0] for top in _OURS)] or frames
     return f"{_short(ours[-1][0])}:{ours[-1][1]} ({ours[-1][2]})" if ours else "?"
 
 
+_OURS = ("/loaders/", "/packer/", "/packload/")  # the folders of packload's code
+
+
 def _short(filename: str) -> str:
-    for top in ("/loaders/", "/packer/"):
+    for top in _OURS:
         if top in filename:
             return top[1:] + filename.split(top, 1)[1]
     return Path(filename).name
@@ -1343,7 +1346,7 @@ def run_probe(ref: Reference, spec: dict[str, Any], pack: Path, scratch: Path) -
 
 
 def _dataset(probe: Probe, pack: Path, output: str, verify: bool) -> Any:
-    from loaders import PackedImageFolder
+    from packload import PackedImageFolder
 
     ds = PackedImageFolder(pack, output=output, verify=verify)
     probe.opened(len(ds), verify)
@@ -1414,7 +1417,7 @@ def expected_crop(pixels: np.ndarray, size: int) -> np.ndarray | None:
 def _probe_packloader(probe: Probe, pack: Path, scratch: Path) -> None:
     """One epoch of ``PackLoader(ds, 8, crop=CenterCrop(24))``, or of ``PackLoader(ds, 8)`` over a
     pack of one image size; each sample judged against the reference (raw pixels exactly)."""
-    from loaders import CenterCrop, PackLoader
+    from packload import CenterCrop, PackLoader
 
     spec = probe.spec
     crop = spec["crop"]
@@ -1459,7 +1462,7 @@ def _judge_batch_image(probe: Probe, i: int, image: Any, label: Any, crop: int |
 
 
 def _run_cli(args: list[str]) -> tuple[int, str, str, BaseException | None]:
-    from packer.cli import main
+    from packload.cli import main
 
     out, err = io.StringIO(), io.StringIO()
     try:
@@ -1471,7 +1474,7 @@ def _run_cli(args: list[str]) -> tuple[int, str, str, BaseException | None]:
 
 
 def _probe_cli(probe: Probe, pack: Path, scratch: Path) -> None:
-    """``packload COMMAND`` through ``packer.cli.main``: success (then judged by the command), our
+    """``packload COMMAND`` through ``packload.cli.main``: success (then judged by the command), our
     one-line error and a non-zero exit, or for ``verify`` a report and exit 1."""
     name = probe.spec["command"]
     args = [*CLI_COMMANDS[name], str(pack)]
@@ -1592,13 +1595,13 @@ def _judge_merge(probe: Probe, out: Path) -> None:
 
 
 def _use_kernel(library: str) -> None:
-    """Make ``loaders.resize_kernel`` load ``library`` (a sanitizer build) instead of ``loaders._resize``:
-    it imports the module ``loaders._resize`` and loads the file that module names."""
+    """Make ``packload.core.resize_kernel`` load ``library`` (a sanitizer build) instead of the built
+    kernel: it imports the module ``packload.core._resize`` and loads the file that module names."""
     import types
 
-    module = types.ModuleType("loaders._resize")
+    module = types.ModuleType("packload.core._resize")
     module.__file__ = library
-    sys.modules["loaders._resize"] = module
+    sys.modules["packload.core._resize"] = module
 
 
 def serve(mode: str) -> None:
@@ -1613,18 +1616,17 @@ def serve(mode: str) -> None:
     import PIL.Image  # noqa: F401 - everything the probes import, imported before the cap
     import torch.utils.data  # noqa: F401
 
-    import loaders
-    import loaders.unpack  # noqa: F401
-    import loaders.verify  # noqa: F401
-    import packer.cli  # noqa: F401
-    import packer.merge  # noqa: F401
-    from loaders import resize_kernel
+    import packload.cli  # noqa: F401
+    import packload.loaders.unpack  # noqa: F401
+    import packload.loaders.verify  # noqa: F401
+    import packload.merger  # noqa: F401
+    from packload.core import resize_kernel
 
     with open("/proc/self/status") as f:
         vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
     resource.setrlimit(resource.RLIMIT_AS, (vm + MEMORY_HEADROOM, vm + MEMORY_HEADROOM))
     kernel = getattr(resize_kernel._lib, "_name", None)
-    proto.write(json.dumps({"server": os.getpid(), "kernel": kernel, "loaders": loaders.__file__}) + "\n")
+    proto.write(json.dumps({"server": os.getpid(), "kernel": kernel, "loaders": packload.loaders.__file__}) + "\n")
     while True:
         pid = os.fork()
         if pid == 0:
@@ -1691,7 +1693,7 @@ def _work(proto: Any) -> None:
 def _canary() -> None:
     """Make the resize kernel read 8 rows past the end of a heap buffer, on purpose: a sanitizer
     build must report it (and abort), which shows that its reports reach the parent."""
-    from loaders import resize_kernel
+    from packload.core import resize_kernel
 
     height, width, side = 64, 64, 48  # a shrink the kernel takes (not by more than 2x)
     image = np.zeros(height * width * 3, np.uint8)
@@ -1703,7 +1705,7 @@ def _canary() -> None:
 
 def _limit_manifests(limit: int) -> None:
     """Lower the reader's manifest size limit (``MANIFEST_LIMIT_HOOK``) to ``limit`` when it is lower,
-    in every loaded packload module holding a copy of it (``from packer.format import ...``)."""
+    in every loaded packload module holding a copy of it (``from packload.core.format import ...``)."""
     import importlib
 
     home, name = MANIFEST_LIMIT_HOOK
@@ -1711,7 +1713,7 @@ def _limit_manifests(limit: int) -> None:
     if not isinstance(current, int) or limit >= current:
         return
     for module_name, module in list(sys.modules.items()):
-        if module_name.split(".")[0] in ("packer", "loaders") and getattr(module, name, None) == current:
+        if module_name.split(".")[0] == "packload" and getattr(module, name, None) == current:
             setattr(module, name, limit)
 
 
@@ -1831,7 +1833,7 @@ def _crash_lines(log: str) -> str:
     """What a log says about a crash or hang: sanitizer reports, and packload's frames of the stack."""
     lines = log.splitlines()
     wanted = re.compile(r"ERROR: AddressSanitizer|runtime error:|SUMMARY:|Fatal Python|"
-                        r"^(Thread|Current thread)|/loaders/|/packer/|#\d+ 0x.*_resize")
+                        r"^(Thread|Current thread)|/loaders/|/packer/|/packload/|#\d+ 0x.*_resize")
     keep = [line for line in lines if wanted.search(line)]
     return "\n".join(keep[:14])[:1500]
 
@@ -1866,7 +1868,7 @@ def sanitizer_runtime() -> tuple[str | None, str]:
 
 
 def build_sanitized_kernel(dest: Path) -> tuple[Path | None, str]:
-    """``loaders/_resize.c`` built with ``-fsanitize=address,undefined`` into ``dest``: (library, "")
+    """``packload/core/_resize.c`` built with ``-fsanitize=address,undefined`` into ``dest``: (library, "")
     or (None, why it cannot be built here)."""
     runtime, why = sanitizer_runtime()
     if runtime is None:
@@ -1878,7 +1880,7 @@ def build_sanitized_kernel(dest: Path) -> tuple[Path | None, str]:
     dest.mkdir(parents=True, exist_ok=True)
     library = dest / "_resize_asan.so"
     command = [str(cc), "-shared", "-fPIC", "-O1", "-g", "-fsanitize=address,undefined",
-               "-fno-omit-frame-pointer", f"-I{include}", str(REPO / "loaders" / "_resize.c"), "-o",
+               "-fno-omit-frame-pointer", f"-I{include}", str(REPO / "packload" / "core" / "_resize.c"), "-o",
                str(library)]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:

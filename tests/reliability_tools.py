@@ -66,7 +66,7 @@ def make_source(root: Path, per_class: int = 30, seed: int = 5, big: int = 0) ->
 
 def small_chunk_writer() -> type:
     """``LmdbWriter`` with ``LMDB_CHUNK``-byte chunks (the same layout in every run that uses it)."""
-    from packer.write_lmdb import LmdbWriter
+    from packload.packer.write_lmdb import LmdbWriter
 
     class SmallChunks(LmdbWriter):
         def __init__(self, path: Path, map_size: int, chunk_size: int = LMDB_CHUNK) -> None:
@@ -78,7 +78,7 @@ def small_chunk_writer() -> type:
 @contextlib.contextmanager
 def small_chunks() -> Iterator[None]:
     """Make ``pack`` write LMDB packs with small chunks while the block runs."""
-    import packer.pipeline as pipeline
+    import packload.packer.pipeline as pipeline
 
     saved = pipeline.LmdbWriter
     pipeline.LmdbWriter = small_chunk_writer()
@@ -90,7 +90,7 @@ def small_chunks() -> Iterator[None]:
 
 def pack_small(source: Path, dst: Path, **kwargs: Any) -> dict[str, Any]:
     """``pack`` with small shards and chunks, one worker, no progress bar."""
-    from packer import pack
+    from packload import pack
 
     with small_chunks():
         return pack(source, dst, workers=1, progress=False, shard_size=SHARD_SIZE, **kwargs)
@@ -112,7 +112,7 @@ def pack_both(source: Path, root: Path, stem: str = "p") -> dict[str, Path]:
 
 def records_of(path: Path) -> list[tuple[str, int, bytes]]:
     """(original path, label, payload) of every record, each payload checked against its CRC."""
-    from loaders import PackReader
+    from packload import PackReader
 
     with PackReader(path) as reader:
         return [(reader.path_of(i), int(reader.entries["label"][i]), bytes(reader.payload(i, verify=True)))
@@ -123,7 +123,7 @@ def cli(args: list[str], stdout: io.StringIO | None = None) -> tuple[int, str]:
     """Run ``packload ARGS`` in this process; (exit code, stderr), stdout into ``stdout`` if given.
     An exception escaping the command line (a traceback for the user) is returned as exit code -1
     with the exception's text."""
-    from packer.cli import main
+    from packload.cli import main
 
     err, out = io.StringIO(), stdout if stdout is not None else io.StringIO()
     try:
@@ -153,8 +153,8 @@ def one_line_error(code: int, stderr: str) -> str | None:
 # the phases of finishing (index, manifest, publish), pausing at each so a kill lands there.
 _KILL_CHILD = textwrap.dedent("""
     import sys, time
-    import packer.pipeline as p
-    import packer.write_shards as ws
+    import packload.packer.pipeline as p
+    import packload.packer.write_shards as ws
     from tests.reliability_tools import small_chunk_writer
     src, dst, delay, pause = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
     p.LmdbWriter = small_chunk_writer()
@@ -225,10 +225,10 @@ def kill_pack(source: Path, dst: Path, point: int | str, delay: float = 0.005, t
 def kill_and_resume(source: Path, dst: Path, reference: Path, point: int | str) -> dict[str, Any]:
     """Kill ``pack`` at ``point``, check that nothing complete is left and that every reader refuses
     the partial output, then ``--resume`` and compare with the uninterrupted ``reference``."""
-    from loaders import PackedImageFolder, PackReader
-    from loaders.verify import verify
-    from packer.errors import PackloadError
-    from packer.pipeline import partial_path
+    from packload import PackedImageFolder, PackReader
+    from packload.core.errors import PackloadError
+    from packload.loaders.verify import verify
+    from packload.packer.pipeline import partial_path
 
     problems: list[str] = []
     killed = kill_pack(source, dst, point)
@@ -292,7 +292,7 @@ def worker_kill_resume(pack: Path, workers: int = 2, batch_size: int = 4, kill_a
     resumed from ``sampler.state_dict`` must deliver exactly the rest of the epoch's order."""
     from torch.utils.data import DataLoader
 
-    from loaders import PackedImageFolder
+    from packload import PackedImageFolder
 
     ds = PackedImageFolder(pack, output="bytes", verify=True)
     expected_records = ds.sampler(shuffle=True, seed=seed).epoch_order(epoch).tolist()
@@ -358,8 +358,8 @@ def _find_once(data: bytes, value: bytes, what: str) -> int:
 def corruption_regions(pack: Path) -> dict[str, list[Region]]:
     """Where each kind of data lies in the pack's files: payloads and record headers (with their
     path) per record, the index, the manifest, and (shards) each shard's header."""
-    from loaders import PackReader
-    from packer.format import LMDB_MANIFEST_KEY
+    from packload import PackReader
+    from packload.core.format import LMDB_MANIFEST_KEY
 
     out: dict[str, list[Region]] = {"payload": [], "record header": [], "index": [], "manifest": []}
     with PackReader(pack) as reader:
@@ -426,7 +426,7 @@ def manifest_field(raw: bytes, offset: int) -> str:
 
 def _expected_samples(pack: str) -> dict[str, Any]:
     """What an intact pack gives: pixels (EXIF-transposed), labels, paths and classes."""
-    from loaders import PackedImageFolder
+    from packload import PackedImageFolder
 
     ds = PackedImageFolder(pack, output="numpy", exif_transpose=True)
     pixels = [ds[i][0] for i in range(len(ds))]
@@ -440,8 +440,8 @@ def _read_all(pack: str, verify: bool, expected: dict[str, Any]) -> dict[str, An
     """Read every record as a training loop would (batches of 8, then one by one after an error) and
     compare with ``expected``. Counts records read right, refused with our error, returned WRONG
     without an error, and exceptions other than ours."""
-    from loaders import PackedImageFolder
-    from packer.errors import PackloadError
+    from packload import PackedImageFolder
+    from packload.core.errors import PackloadError
 
     result: dict[str, Any] = {"open_error": None, "right": 0, "refused": 0, "wrong": [], "wrong_meta": [],
                               "foreign": []}
@@ -488,8 +488,8 @@ def _read_all(pack: str, verify: bool, expected: dict[str, Any]) -> dict[str, An
 
 def check_pack(pack: str, expected: dict[str, Any]) -> dict[str, Any]:
     """``verify`` the pack, then read it with checksums on and off (see ``_read_all``)."""
-    from loaders.verify import verify
-    from packer.errors import PackloadError
+    from packload.core.errors import PackloadError
+    from packload.loaders.verify import verify
 
     report: dict[str, Any] = {"verify_error": None, "verify_ok": None, "bad_records": [], "bad_files": [],
                               "foreign": []}
@@ -511,8 +511,8 @@ def check_pack(pack: str, expected: dict[str, Any]) -> dict[str, Any]:
 def serve_checks() -> None:
     """The checker child: reads one JSON command a line (``expect`` or ``check``), answers one line.
     Its address space is capped, so an absurd allocation fails here rather than passing unseen."""
-    import loaders  # noqa: F401 - imported before the cap: torch maps a lot of address space
-    import loaders.verify  # noqa: F401
+    import packload.loaders  # noqa: F401 - imported before the cap: torch maps a lot of address space
+    import packload.loaders.verify  # noqa: F401
 
     with open("/proc/self/status") as f:
         vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
@@ -726,8 +726,8 @@ def rewrite(pack: Path, index: bytes | None = None, manifest: dict[str, Any] | b
     step with the new index (so only the damage meant is there)."""
     import hashlib
 
-    from loaders import PackReader
-    from packer.format import LMDB_INDEX_KEY, LMDB_MANIFEST_KEY, encode_manifest
+    from packload import PackReader
+    from packload.core.format import LMDB_INDEX_KEY, LMDB_MANIFEST_KEY, encode_manifest
 
     with PackReader(pack) as reader:
         old_manifest = dict(reader.manifest)
@@ -750,8 +750,8 @@ def rewrite(pack: Path, index: bytes | None = None, manifest: dict[str, Any] | b
 def index_with(pack: Path, **fields: Any) -> bytes:
     """The pack's index with entry fields replaced: ``field=(record, value)``; ``count=N`` or
     ``version=V`` set the header."""
-    from loaders import PackReader
-    from packer.format import INDEX_ENTRY, INDEX_HEADER
+    from packload import PackReader
+    from packload.core.format import INDEX_ENTRY, INDEX_HEADER
 
     with PackReader(pack) as reader:
         raw = bytearray(reader.index_bytes())
@@ -773,8 +773,8 @@ def craft_pack(dst: Path, items: list[tuple[str, int, bytes]], classes: list[str
     are (path, label, image file bytes), written as-is (hostile paths, bombs...)."""
     from PIL import Image
 
-    from packer.encode import Encoded
-    from packer.write_shards import ShardsWriter
+    from packload.packer.encode import Encoded
+    from packload.packer.write_shards import ShardsWriter
 
     classes = ["a"] if classes is None else classes
     backend = "lmdb" if dst.suffix == ".lmdb" else "shards"
@@ -832,8 +832,8 @@ def fuzz_decoders(examples: int, seed: int = 0) -> dict[str, Any]:
     from hypothesis import seed as hseed
     from hypothesis import strategies as st
 
-    from packer.errors import PackFormatError
-    from packer.format import (
+    from packload.core.errors import PackFormatError
+    from packload.core.format import (
         FORMAT_VERSION,
         INDEX_ENTRY,
         INDEX_MAGIC,
@@ -959,7 +959,7 @@ def snapshot(root: Path) -> dict[Path, bytes]:
 
 
 def _run_pack(args: list[str], preexec: Callable[[], None] | None = None) -> subprocess.CompletedProcess[str]:
-    script = ("import sys; from tests.reliability_tools import small_chunks; from packer.cli import module_main\n"
+    script = ("import sys; from tests.reliability_tools import small_chunks; from packload.cli import module_main\n"
               "with small_chunks(): code = module_main(sys.argv[1:])\nsys.exit(code)")
     return subprocess.run([sys.executable, "-c", script, *args, "--quiet", "--shard-size", str(SHARD_SIZE),
                            "--workers", "1"], cwd=REPO, env=_env(), capture_output=True, text=True,
@@ -972,9 +972,9 @@ def write_limit_check(source: Path, workdir: Path, reference: Path, backend: str
     file-size limit of ``limit`` bytes (``fsize``): one-line error, non-zero exit, nothing at the
     destination, partial output refused, source untouched; then, with room again, ``--resume``
     gives the same records as ``reference``."""
-    from loaders import PackReader
-    from packer.errors import PackloadError
-    from packer.pipeline import partial_path
+    from packload import PackReader
+    from packload.core.errors import PackloadError
+    from packload.packer.pipeline import partial_path
 
     problems: list[str] = []
     before = snapshot(source)
@@ -1029,7 +1029,7 @@ def write_limit_check(source: Path, workdir: Path, reference: Path, backend: str
 def lmdb_map_growth_check(source: Path, dst: Path, reference: Path) -> dict[str, Any]:
     """``pack`` into an LMDB map far smaller than the data: the map grows, the pack completes, and
     its records equal ``reference``'s."""
-    import packer.pipeline as pipeline
+    import packload.packer.pipeline as pipeline
 
     base = small_chunk_writer()
     grown: list[int] = []
@@ -1046,7 +1046,7 @@ def lmdb_map_growth_check(source: Path, dst: Path, reference: Path) -> dict[str,
     saved = pipeline.LmdbWriter
     pipeline.LmdbWriter = TinyMap
     try:
-        from packer import pack
+        from packload import pack
 
         pack(source, dst, workers=1, progress=False, shard_size=SHARD_SIZE)
     finally:
@@ -1093,7 +1093,7 @@ class ProbeDataset:
     file descriptors and resident memory."""
 
     def __init__(self, root: str) -> None:
-        from loaders import PackedImageFolder
+        from packload import PackedImageFolder
 
         self.root = str(Path(root).resolve())
         self.ds = PackedImageFolder(root, output="numpy", verify=True)
@@ -1113,7 +1113,7 @@ def load_check(pack: Path, workers: int, epochs: int, persistent: bool, start_me
     with the right pixels, and file descriptors (parent and workers) and RSS per epoch."""
     from torch.utils.data import DataLoader
 
-    from loaders import PackedImageFolder
+    from packload import PackedImageFolder
 
     ds = ProbeDataset(str(pack))
     reference = PackedImageFolder(pack, output="numpy")
@@ -1234,8 +1234,8 @@ def _manifest_cases(backend: str) -> dict[str, Callable[[dict[str, Any]], dict[s
 def _exercise(pack: Path, workdir: Path) -> dict[str, Any]:
     """Open, read (checksums on and off), info, verify, verify --decode and unpack a hostile pack.
     Returns each step's outcome: ``ok``, ``refused: message`` or ``FOREIGN: exception``."""
-    from loaders import PackedImageFolder
-    from packer.errors import PackloadError
+    from packload import PackedImageFolder
+    from packload.core.errors import PackloadError
 
     steps: dict[str, str] = {}
     for verify in (True, False):
@@ -1276,7 +1276,7 @@ def _tiny_source(workdir: Path) -> Path:
 
 
 def _raw_options() -> Any:
-    from packer.encode import EncodeOptions
+    from packload.packer.encode import EncodeOptions
 
     return EncodeOptions(encoding="raw", size=(8, 8))
 
@@ -1285,9 +1285,8 @@ def pack_time_bombs(workdir: Path) -> dict[str, Any]:
     """A source holding decompression bombs (a PNG and a JPEG whose headers claim billions of
     pixels): ``pack`` skips each with a reason that names ``--max-pixels``; ``--strict`` stops with a
     one-line error that does too. Every check mode and encoding is tried."""
-    from loaders import PackReader
-    from packer import pack
-    from packer.encode import EncodeOptions
+    from packload import PackReader, pack
+    from packload.packer.encode import EncodeOptions
     from tests.image_factory import decompression_bomb_png
 
     src = workdir / "bomb-src"
@@ -1337,7 +1336,7 @@ def hostile_suite(base: dict[str, Path], workdir: Path) -> dict[str, Any]:
             copy = copy_pack(pack, workdir / f"{backend}-{len(cases)}{pack.suffix}")
             rewrite(copy, index=index_with(copy, **fields))
             cases.append((f"{backend}: {name}", copy, True))
-        from loaders import PackReader
+        from packload import PackReader
 
         with PackReader(pack) as reader:
             manifest = dict(reader.manifest)

@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from loaders import PackedImageFolder, PackReader, batch_loader
-from loaders.transforms import ResizeCenterCrop
-from packer import ChecksumError, EncodeOptions, pack
+from packload import ChecksumError, EncodeOptions, PackedImageFolder, PackReader, batch_loader, pack
+from packload.loaders.transforms import ResizeCenterCrop
 from tests.image_factory import make_image_folder, write_odd_images
 
 BACKENDS = ("p.lmdb", "p.shards")

@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import bench_gil  # noqa: E402
-from packer import EncodeOptions, pack  # noqa: E402
+from packload import EncodeOptions, pack  # noqa: E402
 from tests.image_factory import make_image_folder  # noqa: E402
 
 

@@ -19,7 +19,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import bench_pack, bench_read, cache, harness, run  # noqa: E402
-from packer.synthetic import make_cifar_like, make_imagenet_like  # noqa: E402
+from packload.packer.synthetic import make_cifar_like, make_imagenet_like  # noqa: E402
 
 # ---------------------------------------------------------------- harness statistics
 

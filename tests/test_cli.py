@@ -10,7 +10,7 @@ import sys
 import pytest
 from PIL import Image
 
-from packer.cli import main, module_main, pack_main
+from packload.cli import main, module_main, pack_main
 from tests.image_factory import make_image_folder, write_broken_files, write_odd_images
 
 
@@ -63,7 +63,7 @@ def test_human_output_and_short_forms(images, tmp_path, capsys):
 
 
 def test_console_entry_point_runs_as_module(images, tmp_path):
-    result = subprocess.run([sys.executable, "-m", "packer", str(images), str(tmp_path / "m.lmdb"), "--json"],
+    result = subprocess.run([sys.executable, "-m", "packload", str(images), str(tmp_path / "m.lmdb"), "--json"],
                             capture_output=True, text=True, cwd=os.getcwd())
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["records"] > 0
@@ -169,7 +169,7 @@ def test_reading_commands_refuse_non_packs(tmp_path, capsys):
 def test_verify_reports_a_damaged_record(images, tmp_path, capsys):
     dst = tmp_path / "d.shards"
     assert main(["pack", str(images), str(dst), "--quiet"]) == 0
-    from loaders import PackReader
+    from packload import PackReader
 
     with PackReader(dst) as reader:
         entry = reader.entries[3]

@@ -1,4 +1,4 @@
-"""Tests for loaders.collate.collate_uint8: uint8 batches from numpy, tensor and PIL samples."""
+"""Tests for packload.loaders.collate.collate_uint8: uint8 batches from numpy, tensor and PIL samples."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from loaders.collate import collate_uint8  # noqa: E402
+from packload.loaders.collate import collate_uint8  # noqa: E402
 
 
 def hwc(seed: int, height: int = 6, width: int = 5) -> np.ndarray:
@@ -110,7 +110,7 @@ def test_collate_pin_memory_falls_back_without_cuda() -> None:
 
 
 def test_collate_encoded_round_trips_every_payload():
-    from loaders.collate import collate_encoded
+    from packload.loaders.collate import collate_encoded
 
     batch = [(b"\xff\xd8abc", 1), (b"", 0), (bytes(range(256)) * 3, 7)]
     data, offsets, labels = collate_encoded(batch)

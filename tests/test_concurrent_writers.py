@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from loaders.verify import verify
-from packer.destination import DestinationLock, lock_path
-from packer.errors import UsageError
+from packload.core.errors import UsageError
+from packload.loaders.verify import verify
+from packload.packer.destination import DestinationLock, lock_path
 from tests.image_factory import make_image_folder
 from tests.reliability_tools import REPO, _env, cli, one_line_error, records_of
 
@@ -30,9 +30,10 @@ from tests.reliability_tools import REPO, _env, cli, one_line_error, records_of
 HOLDING_CHILD = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    import packer.pipeline as p
-    from packer.cli import main
-    m = sys.modules["packer.merge"]  # the module (packer.merge is also the name of its function)
+    import packload.packer.pipeline as p
+    import packload.merger as m
+    from packload.cli import main
+
     release, phase, argv = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
     def hold():
         print("holding", flush=True)
@@ -149,9 +150,9 @@ class _SlowFlock:
 
 def _take_turns(dst: str, owner: str, rounds: int, errors: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
     """Take the lock ``rounds`` times; while holding it, ``owner`` must be ours alone."""
-    import packer.destination
+    import packload.packer.destination
 
-    packer.destination.fcntl = _SlowFlock(os.getpid())  # type: ignore[assignment]
+    packload.packer.destination.fcntl = _SlowFlock(os.getpid())  # type: ignore[assignment]
     taken = 0
     while taken < rounds:
         lock = DestinationLock(Path(dst))

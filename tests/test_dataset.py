@@ -1,6 +1,6 @@
 """Tests for loaders.PackedImageFolder as a drop-in for torchvision's ImageFolder.
 
-Real images are written with PIL (``tests.image_factory``), packed with ``packer.pack`` into both backends,
+Real images are written with PIL (``tests.image_factory``), packed with ``packload.pack`` into both backends,
 and every record is compared with what ImageFolder's loader would give for the original file:
 ``Image.open(path).convert("RGB")``. torchvision is not needed; the ImageFolder order is re-derived
 here from the source tree (sorted class folders, ``os.walk`` order inside each).
@@ -30,17 +30,19 @@ from PIL import Image, ImageOps
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import packer  # noqa: E402
-from loaders import PackedImageFolder, PackReader, collate_uint8  # noqa: E402
-from loaders.verify import verify  # noqa: E402
-from packer import (  # noqa: E402
+import packload  # noqa: E402
+from packload import (  # noqa: E402
     ChecksumError,
     EncodeOptions,
     IncompletePackError,
+    PackedImageFolder,
     PackFormatError,
+    PackReader,
     SkippedFileError,
     UsageError,
+    collate_uint8,
 )
+from packload.loaders.verify import verify  # noqa: E402
 from tests.image_factory import (  # noqa: E402
     EXIF_ORIENTATION,
     make_image_folder,
@@ -136,7 +138,7 @@ def packs(tmp_path_factory: pytest.TempPathFactory, source: Path) -> Callable[[s
         if (encoding, backend) not in cache:
             dst = root / encoding / backend
             dst.parent.mkdir(exist_ok=True)
-            summary = packer.pack(source, dst, options=EncodeOptions(encoding=encoding), workers=1,
+            summary = packload.pack(source, dst, options=EncodeOptions(encoding=encoding), workers=1,
                                   progress=False, shard_size=64 << 10)
             assert summary["skipped"] == len(BROKEN)
             cache[encoding, backend] = dst
@@ -339,7 +341,7 @@ def big_pack(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     exif[EXIF_ORIENTATION] = 6
     write_image(root / "b" / "side.jpg", size=(256, 64), seed=3, exif=exif.tobytes())
     dst = root.parent / (root.name + "-pack.shards")
-    packer.pack(root, dst, workers=1, progress=False)
+    packload.pack(root, dst, workers=1, progress=False)
     return root, dst
 
 
@@ -485,7 +487,7 @@ def test_unfinished_pack(tmp_path: Path, backend: str) -> None:
     write_broken_files(src / "b")
     dst = tmp_path / backend
     with pytest.raises(SkippedFileError):
-        packer.pack(src, dst, workers=1, progress=False, strict=True, checkpoint_every=1)
+        packload.pack(src, dst, workers=1, progress=False, strict=True, checkpoint_every=1)
     partial = tmp_path / (backend + ".partial")
     assert partial.exists() and not dst.exists()
     with pytest.raises(IncompletePackError, match="--resume") as info:
@@ -572,8 +574,8 @@ def test_lmdb_file_truncated(packs: Callable, copy_pack: Callable) -> None:
     os.truncate(pack, pack.stat().st_size // 2 // 4096 * 4096)
     code = textwrap.dedent("""
         import sys
-        from loaders import PackedImageFolder
-        from packer import PackFormatError
+        from packload import PackedImageFolder
+        from packload import PackFormatError
         try:
             ds = PackedImageFolder(sys.argv[1])
             for i in range(len(ds)):
@@ -596,10 +598,10 @@ def test_repacked_destination_is_read_fresh(tmp_path: Path, backend: str) -> Non
     make_image_folder(tmp_path / "one", classes=("a", "b"), per_class=2)
     make_image_folder(tmp_path / "two", classes=("x", "y", "z"), per_class=3, seed=5)
     dst = tmp_path / backend
-    packer.pack(tmp_path / "one", dst, workers=1, progress=False)
+    packload.pack(tmp_path / "one", dst, workers=1, progress=False)
     old = PackedImageFolder(dst)
     old_first = pixels(old[0][0])  # the old dataset holds the old pack open
-    packer.pack(tmp_path / "two", dst, workers=1, progress=False, overwrite=True)
+    packload.pack(tmp_path / "two", dst, workers=1, progress=False, overwrite=True)
     new = PackedImageFolder(dst)
     assert new.classes == ["x", "y", "z"] and len(new) == 9
     assert new.path(0) == "x/img_000.jpg"

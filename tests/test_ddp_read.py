@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from packer import pack
+from packload import pack
 from tests.image_factory import make_image_folder
 
 REPO = Path(__file__).resolve().parents[1]

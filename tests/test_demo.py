@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from loaders import PackedImageFolder
-from loaders.demo import run_demo
-from packer.cli import main
+from packload import PackedImageFolder
+from packload.cli import main
+from packload.demo import run_demo
 
 
 def test_demo_generates_packs_loads_tunes_and_reports(tmp_path, capsys):

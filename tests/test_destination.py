@@ -12,9 +12,9 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from loaders.verify import verify
-from packer import UsageError, pack_ray
-from packer.destination import not_a_pack
+from packload import UsageError, pack_ray
+from packload.loaders.verify import verify
+from packload.packer.destination import not_a_pack
 from tests.image_factory import make_image_folder
 from tests.reliability_tools import cli, one_line_error
 
@@ -266,7 +266,7 @@ def test_a_partial_that_cannot_be_created(images: Path, monkeypatch: pytest.Monk
     """Past the lock file (made a no-op here), creating DEST.partial fails too: one line, LMDB's too."""
     import contextlib
 
-    import packer.pipeline as pipeline
+    import packload.packer.pipeline as pipeline
 
     monkeypatch.setattr(pipeline, "DestinationLock", lambda dst: contextlib.nullcontext())
     line = refused(["pack", str(images), f"/proc/{name}", "--quiet"], f"/proc/{name}.partial",
@@ -299,7 +299,7 @@ def test_a_bind_mount_does_not_hide_the_source(tmp_path: Path) -> None:
 def test_an_lmdb_file_open_in_this_process_is_still_recognised(images: Path, tmp_path: Path) -> None:
     """py-lmdb will not open a file twice in one process: the pack a dataset here still reads is
     recognised from its pages, and so is someone else's database that this process has open."""
-    from loaders.read import PackReader
+    from packload.loaders.read import PackReader
 
     dst = tmp_path / "p.lmdb"
     assert cli(["pack", str(images), str(dst), "--quiet"])[0] == 0

@@ -11,10 +11,11 @@ import os
 import numpy as np
 import pytest
 
-from loaders.page_cache import resident_pages
-from loaders.read import PackReader
-from packer import EncodeOptions, append_file, direct_file, pack
-from packer.direct_file import ALIGN, DirectAppender
+from packload import EncodeOptions, pack
+from packload.diagnose.page_cache import resident_pages
+from packload.loaders.read import PackReader
+from packload.packer import append_file, direct_file
+from packload.packer.direct_file import ALIGN, DirectAppender
 from tests.image_factory import make_image_folder
 
 

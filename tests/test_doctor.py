@@ -14,11 +14,13 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from loaders import doctor as doctor_module
-from loaders import machine
-from loaders.doctor import REPORT_SCHEMA, doctor, format_report, schema_errors
-from loaders.gpu_step import DummyStep
-from loaders.machine import (
+from packload import pack
+from packload.core.errors import UsageError
+from packload.diagnose import doctor as doctor_module
+from packload.diagnose import machine
+from packload.diagnose.doctor import REPORT_SCHEMA, doctor, format_report, schema_errors
+from packload.diagnose.gpu_step import DummyStep
+from packload.diagnose.machine import (
     Mount,
     SystemPaths,
     arch_support,
@@ -43,10 +45,8 @@ from loaders.machine import (
     whole_disk,
     workers_range,
 )
-from loaders.page_cache import evict, resident_fraction, resident_pages, warm
-from loaders.stall import BOTTLENECKS, StallPlan, bottleneck, measure_stall, stall_shares
-from packer import pack
-from packer.errors import UsageError
+from packload.diagnose.page_cache import evict, resident_fraction, resident_pages, warm
+from packload.diagnose.stall import BOTTLENECKS, StallPlan, bottleneck, measure_stall, stall_shares
 from tests.image_factory import textured_rgb
 
 GIB = 1 << 30
@@ -514,7 +514,7 @@ def test_schema_catches_departures():
 
 
 def test_command_line(datasets, capsys):
-    from packer.cli import main
+    from packload.cli import main
 
     assert main(["doctor", str(datasets / "images"), "--json", "--no-measure"]) == 0
     out = json.loads(capsys.readouterr().out)

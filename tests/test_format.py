@@ -1,4 +1,4 @@
-"""Tests for packer.format: record headers, the index and the manifest, as bytes on disk.
+"""Tests for packload.core.format: record headers, the index and the manifest, as bytes on disk.
 
 Round trips check that what the writers encode the readers decode unchanged; the rejection tests damage
 real encoded bytes one field at a time and check that each damage is refused with ``PackFormatError``
@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from packer.errors import PackFormatError  # noqa: E402
-from packer.format import (  # noqa: E402
+from packload.core.errors import PackFormatError  # noqa: E402
+from packload.core.format import (  # noqa: E402
     FORMAT_NAME,
     FORMAT_VERSION,
     INDEX_ENTRY,

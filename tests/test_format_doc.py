@@ -1,6 +1,6 @@
 """``docs/FORMAT.md`` is true: real packs read correctly with a reader built from the document alone.
 
-The packs are written with ``packer.pack``; everything that reads them here uses only the standard
+The packs are written with ``packload.pack``; everything that reads them here uses only the standard
 library, numpy, PIL (to know what the source images are) and ``lmdb``: nothing from ``packer`` or
 ``loaders``. The byte layouts are not typed in again: they are parsed from the document's tables,
 so a wrong table fails these tests. The document's fenced ``python`` examples are executed too.
@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from packer import EncodeOptions, SkippedFileError, pack  # writing only
+from packload import EncodeOptions, SkippedFileError, pack  # writing only
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "FORMAT.md"
 DOC_TEXT = DOC.read_text("utf-8")

@@ -34,7 +34,7 @@ def snapshot(root):
 
 
 def run_pack(args, **kwargs):
-    return subprocess.run([sys.executable, "-m", "packer", *args, "--quiet"], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "packload", *args, "--quiet"], capture_output=True, text=True,
                           cwd=REPO, **kwargs)
 
 
@@ -56,7 +56,7 @@ def test_disk_full(source, tmp_path, name):
         assert "No space left" in lines[0] or "free disk space" in lines[0], result.stderr
         assert not (small / name).exists()
         assert snapshot(source) == before
-        info = subprocess.run([sys.executable, "-m", "packer", "info", str(small / (name + ".partial"))],
+        info = subprocess.run([sys.executable, "-m", "packload", "info", str(small / (name + ".partial"))],
                               capture_output=True, text=True, cwd=REPO)
         assert info.returncode != 0  # the partial output is not accepted as a pack
     finally:

@@ -57,7 +57,7 @@ def test_hostile_fields_subset(quick: dict[str, Any]) -> None:
 
 def test_reference_reads_what_packload_reads(tmp_path: Path) -> None:
     """The reference reader agrees with packload's on intact packs: same payloads, labels, paths."""
-    from loaders import PackReader
+    from packload import PackReader
 
     for path in fp.make_bases(tmp_path).values():
         ref = fp.Reference(path)

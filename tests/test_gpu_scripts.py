@@ -13,7 +13,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import gpu_check, gpu_train  # noqa: E402
-from loaders.gpu_step import SmallCNN  # noqa: E402
+from packload.diagnose.gpu_step import SmallCNN  # noqa: E402
 
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without CUDA")
 

@@ -33,21 +33,21 @@ import numpy as np
 import pytest
 from PIL import EpsImagePlugin, Image
 
-from loaders.crop import CenterCrop
-from loaders.dataset import PackedImageFolder
-from loaders.decode import decode_array
-from loaders.folder import FolderImages
-from loaders.verify import verify
-from packer import encode as encode_module
-from packer import safe_files
-from packer.cli import main
-from packer.encode import Encoded, EncodeOptions, Skipped, encode_chunk, encode_file
-from packer.errors import PackFormatError, SkippedFileError
-from packer.pipeline import pack
-from packer.probe import NotDecodableError, not_decodable_reason, open_image
-from packer.scan import Sample, scan_folder
-from packer.write_lmdb import LmdbWriter
-from packer.write_shards import ShardsWriter
+from packload.cli import main
+from packload.core import safe_files
+from packload.core.errors import PackFormatError, SkippedFileError
+from packload.core.probe import NotDecodableError, not_decodable_reason, open_image
+from packload.core.scan import Sample, scan_folder
+from packload.loaders.crop import CenterCrop
+from packload.loaders.dataset import PackedImageFolder
+from packload.loaders.decode import decode_array
+from packload.loaders.folder import FolderImages
+from packload.loaders.verify import verify
+from packload.packer import encode as encode_module
+from packload.packer.encode import Encoded, EncodeOptions, Skipped, encode_chunk, encode_file
+from packload.packer.pipeline import pack
+from packload.packer.write_lmdb import LmdbWriter
+from packload.packer.write_shards import ShardsWriter
 from tests.image_factory import textured_rgb
 
 BACKENDS = ("shards", "lmdb")
@@ -288,7 +288,7 @@ def test_verify_decode_refuses_payloads_of_other_formats(hostile_pack, no_progra
 
 
 def test_libjpeg_turbo_sees_only_what_starts_like_a_jpeg(monkeypatch, no_programs):
-    import loaders.decode as decode_module
+    import packload.loaders.decode as decode_module
 
     real = decode_module.simplejpeg
     if real is None:

@@ -1,4 +1,4 @@
-"""Tests for loaders.lmdb_pages: the bounds-checked reader of LMDB's B-tree.
+"""Tests for packload.core.lmdb_pages: the bounds-checked reader of LMDB's B-tree.
 
 Agreement: on files that py-lmdb writes (values inline and on overflow pages, deep trees, many commits
 with deletes and rewrites, packs of packload's own writer, fresh and resumed), every key and value the
@@ -22,7 +22,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loaders.lmdb_pages import (
+from packload.core.errors import PackFormatError
+from packload.core.format import LMDB_CHUNK_PREFIX, lmdb_chunk_key
+from packload.core.lmdb_pages import (
     F_BIGDATA,
     HEADER,
     NODE_HEADER,
@@ -31,11 +33,9 @@ from loaders.lmdb_pages import (
     P_LEAF,
     LmdbLayout,
 )
-from packer.encode import Encoded
-from packer.errors import PackFormatError
-from packer.format import LMDB_CHUNK_PREFIX, lmdb_chunk_key
-from packer.pipeline import pack
-from packer.write_lmdb import LmdbWriter
+from packload.packer.encode import Encoded
+from packload.packer.pipeline import pack
+from packload.packer.write_lmdb import LmdbWriter
 from tests.image_factory import make_image_folder
 
 PAGE = mmap.PAGESIZE  # LMDB writes new files in pages of the system's size

@@ -1,9 +1,9 @@
-"""The tuner's view of the machine comes from loaders.machine's cgroup-aware readers."""
+"""The tuner's view of the machine comes from packload.diagnose.machine's cgroup-aware readers."""
 
 from __future__ import annotations
 
-from loaders import measure
-from loaders.machine import cgroup_memory_usage
+from packload.diagnose import measure
+from packload.diagnose.machine import cgroup_memory_usage
 
 
 def test_cgroup_memory_usage_v2_and_v1(tmp_path):

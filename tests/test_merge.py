@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-import packer.pipeline as pipeline
-from loaders.read import PackReader
-from loaders.verify import verify
-from packer import EncodeOptions, merge, pack
-from packer.cli import main
-from packer.pipeline import partial_path
+import packload.packer.pipeline as pipeline
+from packload import EncodeOptions, merge, pack
+from packload.cli import main
+from packload.loaders.read import PackReader
+from packload.loaders.verify import verify
+from packload.packer.pipeline import partial_path
 from tests.image_factory import make_image_folder, write_broken_files
 
 

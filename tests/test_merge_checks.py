@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from loaders.read import PackReader
-from loaders.verify import verify
+from packload.loaders.read import PackReader
+from packload.loaders.verify import verify
 from tests.image_factory import make_image_folder
 from tests.reliability_tools import (
     cli,

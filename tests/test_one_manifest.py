@@ -1,4 +1,4 @@
-"""Every writer builds its manifest with ``packer.format.build_manifest``: a fresh ``id`` per pack,
+"""Every writer builds its manifest with ``packload.core.format.build_manifest``: a fresh ``id`` per pack,
 skipped and left-out lists capped with their full counts beside them, and those counts (not the
 lengths of the capped lists) used by the summary, by ``verify`` and by ``merge``."""
 
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-import packer.format as fmt
-from loaders.read import PackReader
-from loaders.verify import verify
-from packer import merge, pack
+import packload.core.format as fmt
+from packload import merge, pack
+from packload.loaders.read import PackReader
+from packload.loaders.verify import verify
 from tests.image_factory import make_image_folder, write_broken_files, write_hidden_and_stray
 
 BACKENDS = ["lmdb", "shards"]

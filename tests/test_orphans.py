@@ -84,7 +84,7 @@ def png_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("backend", ["lmdb", "shards"])
 def test_pack_workers_end_when_pack_is_killed(png_source: Path, tmp_path: Path, backend: str) -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "packer", "pack", str(png_source), str(tmp_path / f"x.{backend}"),
+    proc = subprocess.Popen([sys.executable, "-m", "packload", "pack", str(png_source), str(tmp_path / f"x.{backend}"),
                              "--encoding", "png", "--check", "full", "--workers", "2", "--quiet"],
                             cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     assert kill_and_wait(proc, workers=2) == []
@@ -94,7 +94,7 @@ def test_pack_workers_end_when_pack_is_killed(png_source: Path, tmp_path: Path, 
 # waiting on their parent).
 _SYNTHETIC_CHILD = textwrap.dedent("""
     import sys, time
-    import packer.synthetic as s
+    import packload.packer.synthetic as s
     def slow_chunk(job):
         time.sleep(600)
         return 0
@@ -112,7 +112,7 @@ def test_synthetic_workers_end_when_their_parent_is_killed(tmp_path: Path) -> No
 # A process pool whose workers cannot use prctl (as on macOS): the watching thread must end them.
 _FALLBACK_CHILD = textwrap.dedent("""
     import time
-    import packer.workers as w
+    import packload.core.workers as w
     w._set_death_signal = lambda: False
     pool = w.process_pool(2)
     futures = [pool.submit(time.sleep, 600) for _ in range(2)]
@@ -128,7 +128,7 @@ def test_the_fallback_watcher_ends_workers_too() -> None:
 def test_a_worker_whose_parent_is_already_gone_ends_at_once() -> None:
     """The parent may die before the worker sets its death signal: the worker then sees another
     parent than the one it was given, and ends."""
-    script = "import sys; from packer.workers import die_with_parent; die_with_parent(int(sys.argv[1])); print('ran')"
+    script = "import sys; from packload.core.workers import die_with_parent; die_with_parent(int(sys.argv[1])); print('ran')"
     not_its_parent = os.getpid() + 1  # its parent is this process
     result = subprocess.run([sys.executable, "-c", script, str(not_its_parent)], cwd=REPO, env=_env(),
                             capture_output=True, text=True, timeout=60)

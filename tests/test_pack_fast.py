@@ -15,16 +15,24 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from loaders import PackedImageFolder
-from packer import EncodeOptions, append_file, pack, pipeline
-from packer import encode as encode_module
-from packer.encode import Encoded, Skipped, _read_file, _reencode, encode_file, resize_rgb, truncation_problem
-from packer.format import INDEX_ENTRY, RecordMeta, encode_index, encode_record, index_entry
-from packer.index_builder import IndexBuilder
-from packer.pipeline import use_threads
-from packer.scan import Sample, scan_folder
-from packer.write_lmdb import LmdbWriter
-from packer.write_shards import ShardsWriter
+from packload import EncodeOptions, PackedImageFolder, pack
+from packload.core.format import INDEX_ENTRY, RecordMeta, encode_index, encode_record, index_entry
+from packload.core.scan import Sample, scan_folder
+from packload.packer import append_file, pipeline
+from packload.packer import encode as encode_module
+from packload.packer.encode import (
+    Encoded,
+    Skipped,
+    _read_file,
+    _reencode,
+    encode_file,
+    resize_rgb,
+    truncation_problem,
+)
+from packload.packer.index_builder import IndexBuilder
+from packload.packer.pipeline import use_threads
+from packload.packer.write_lmdb import LmdbWriter
+from packload.packer.write_shards import ShardsWriter
 from tests.image_factory import make_image_folder, textured_rgb, write_broken_files, write_odd_images
 
 

@@ -9,9 +9,8 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from loaders import CenterCrop, PackedImageFolder, PackLoader
-from loaders.collate import collate_uint8
-from packer import EncodeOptions, PackFormatError, pack
+from packload import CenterCrop, EncodeOptions, PackedImageFolder, PackFormatError, PackLoader, pack
+from packload.loaders.collate import collate_uint8
 from tests.image_factory import make_image_folder, write_image, write_odd_images
 
 

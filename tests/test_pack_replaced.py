@@ -11,11 +11,11 @@ import pytest
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from loaders import PackedImageFolder
-from loaders.collate import collate_as_list
-from loaders.read import PackReader
-from packer.errors import PackChangedError, PackFormatError
-from packer.pipeline import pack
+from packload import PackedImageFolder
+from packload.core.errors import PackChangedError, PackFormatError
+from packload.loaders.collate import collate_as_list
+from packload.loaders.read import PackReader
+from packload.packer.pipeline import pack
 
 BACKENDS = ["lmdb", "shards"]
 
@@ -90,7 +90,7 @@ def test_a_pack_of_many_shards_holds_few_descriptors(tmp_path: Path, monkeypatch
     read are the same when maps are dropped and made again."""
     import os
 
-    import loaders.read_shards as read_shards
+    import packload.loaders.read_shards as read_shards
 
     _, _, dest = _packs(tmp_path, "shards")
     monkeypatch.setattr(read_shards, "_MAPS_KEPT", 2)

@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from loaders import PackedImageFolder, PackReader
-from packer import EncodeOptions, pack
-from packer.scan import IMG_EXTENSIONS, scan_folder
+from packload import EncodeOptions, PackedImageFolder, PackReader, pack
+from packload.core.scan import IMG_EXTENSIONS, scan_folder
 from tests.image_factory import (
     make_image_folder,
     write_broken_files,
@@ -170,8 +169,8 @@ def test_names_that_are_not_utf8_are_listed_not_fatal(tmp_path):
 
 def test_lmdb_map_grows_when_full(tmp_path):
     """A map far smaller than the data is grown on MapFullError, not an error."""
-    from packer.encode import Encoded
-    from packer.write_lmdb import LmdbWriter
+    from packload.packer.encode import Encoded
+    from packload.packer.write_lmdb import LmdbWriter
 
     writer = LmdbWriter(tmp_path / "g.lmdb", map_size=256 << 10, chunk_size=64 << 10)
     payloads = [os.urandom(50_000 + k) for k in range(60)]  # ~3 MB into a 256 KiB map

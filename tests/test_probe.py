@@ -7,7 +7,7 @@ import io
 import pytest
 from PIL import Image
 
-from packer.probe import BombError, probe
+from packload.core.probe import BombError, probe
 from tests.image_factory import decompression_bomb_png, make_image_folder, textured_rgb, write_odd_images
 
 

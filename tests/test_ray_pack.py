@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loaders.read import PackReader
-from loaders.verify import verify
-from packer import EncodeOptions, PackloadError, SkippedFileError, pack, pack_ray
-from packer.cli import main
-from packer.ray_engine import FAULT_ENV, split_ranges
+from packload import EncodeOptions, PackloadError, SkippedFileError, pack, pack_ray
+from packload.cli import main
+from packload.loaders.read import PackReader
+from packload.loaders.verify import verify
+from packload.packer.ray_engine import FAULT_ENV, split_ranges
 from tests.image_factory import make_image_folder, write_broken_files, write_hidden_and_stray
 
 REPO = Path(__file__).resolve().parents[1]

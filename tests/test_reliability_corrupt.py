@@ -71,8 +71,8 @@ def test_fuzz_decoders_raise_only_our_error() -> None:
 def test_checked_reader_refuses_a_damaged_label(packs: dict[str, Path], tmp_path: Path, backend: str) -> None:
     """Labels live in the index, which no record CRC covers: with checksums on, the reader checks the
     index against the manifest's sha256, so a flipped label is an error, not a wrong target."""
-    from loaders import PackedImageFolder
-    from packer.errors import ChecksumError
+    from packload import PackedImageFolder
+    from packload.core.errors import ChecksumError
     from tests.reliability_tools import copy_pack, corruption_regions, flip_bit
 
     pack = copy_pack(packs[backend], tmp_path / f"label.{backend}")
@@ -87,8 +87,8 @@ def test_checked_reader_refuses_a_damaged_label(packs: dict[str, Path], tmp_path
 
 def test_verify_does_not_size_arrays_by_a_damaged_part_number(packs: dict[str, Path], tmp_path: Path) -> None:
     """Found by the full run: a flipped high bit in an LMDB entry's part made verify ask for 4 GiB."""
-    from loaders.verify import verify
-    from packer.errors import PackFormatError
+    from packload.core.errors import PackFormatError
+    from packload.loaders.verify import verify
     from tests.reliability_tools import address_space_cap, copy_pack, index_with, rewrite
 
     pack = copy_pack(packs["lmdb"], tmp_path / "part.lmdb")
@@ -101,8 +101,8 @@ def test_verify_does_not_size_arrays_by_a_damaged_part_number(packs: dict[str, P
 def test_reader_does_not_prefetch_a_damaged_length(packs: dict[str, Path], tmp_path: Path, backend: str) -> None:
     """Found by the full run: a flipped high bit in an entry's payload length made the batch
     prefetch size its arrays by it (terabytes), before the read could report the damage."""
-    from loaders import PackedImageFolder
-    from packer.errors import PackloadError
+    from packload import PackedImageFolder
+    from packload.core.errors import PackloadError
     from tests.reliability_tools import address_space_cap, copy_pack, index_with, rewrite
 
     pack = copy_pack(packs[backend], tmp_path / f"length.{backend}")

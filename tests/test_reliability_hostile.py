@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from loaders import PackedImageFolder
-from loaders.verify import verify
-from packer.errors import PackFormatError
+from packload import PackedImageFolder
+from packload.core.errors import PackFormatError
+from packload.loaders.verify import verify
 from tests.reliability_tools import (
     craft_pack,
     hostile_suite,

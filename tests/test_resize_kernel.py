@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from loaders import resize_kernel
-from loaders.crop import CenterCrop
+from packload.core import resize_kernel
+from packload.loaders.crop import CenterCrop
 
 needs_kernel = pytest.mark.skipif(not resize_kernel.available(),
                                   reason=f"compiled resize kernel not in use: {resize_kernel.unavailable_reason}")
@@ -71,7 +71,7 @@ def test_any_shape_equals_torch() -> None:
 @needs_kernel
 def test_rows_too_short_for_the_kernel_go_to_torch() -> None:
     """Under 16 bytes a row (5 pixels), or one row: the kernel declines and ``resize`` uses torch."""
-    from loaders.crop import resize
+    from packload.loaders.crop import resize
 
     for height, width in ((40, 5), (1, 60)):
         image = natural(height, width, 1)
@@ -88,7 +88,7 @@ def test_reads_nothing_past_the_image() -> None:
     script = textwrap.dedent("""
         import ctypes, mmap
         import numpy as np
-        from loaders import resize_kernel
+        from packload.core import resize_kernel
         libc = ctypes.CDLL(None, use_errno=True)
         page = mmap.PAGESIZE
         buffer = mmap.mmap(-1, 64 * page)
@@ -116,8 +116,8 @@ def test_center_crop_is_the_same_with_the_kernel_or_torch() -> None:
     image = natural(171, 256, 3)
     script = textwrap.dedent("""
         import sys, numpy as np
-        from loaders import resize_kernel
-        from loaders.crop import CenterCrop
+        from packload.core import resize_kernel
+        from packload.loaders.crop import CenterCrop
         image = np.frombuffer(sys.stdin.buffer.read(), np.uint8).reshape(171, 256, 3)
         assert not resize_kernel.available()
         sys.stdout.buffer.write(CenterCrop(224)(image).tobytes())
@@ -139,8 +139,8 @@ def test_a_raw_batch_resized_in_one_call_equals_torch(tmp_path, backend: str) ->
     a square 4 pixels wide and shrinks by more than 2x, still come out right through the per-image route)."""
     from PIL import Image
 
-    from loaders import PackedImageFolder, batch_fill
-    from packer import EncodeOptions, pack
+    from packload import EncodeOptions, PackedImageFolder, pack
+    from packload.loaders import batch_fill
 
     sizes = [(40, 30), (57, 64), (100, 75), (33, 120), (5, 40), (200, 160), (64, 64), (19, 23)]
     for k, (width, height) in enumerate(sizes):

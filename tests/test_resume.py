@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from loaders import PackedImageFolder, PackReader
-from packer import IncompletePackError, pack
-from packer.cli import main
-from packer.pipeline import partial_path
+from packload import IncompletePackError, PackedImageFolder, PackReader, pack
+from packload.cli import main
+from packload.packer.pipeline import partial_path
 from tests.image_factory import make_image_folder, write_broken_files
 
 REPO = Path(__file__).resolve().parents[1]
@@ -25,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 # at a chosen point; checkpoints every 7 files.
 SLOW_PACK = textwrap.dedent("""
     import sys, time
-    import packer.pipeline as p
+    import packload.packer.pipeline as p
     real = p.encode_chunk
     done = 0
     def slow(root, samples, options):
@@ -117,7 +116,7 @@ def test_resume_really_continues(source, tmp_path):
 def test_resume_refuses_other_options(source, tmp_path):
     dst = tmp_path / "opts.lmdb"
     kill_part_way(source, dst, 20)
-    from packer import EncodeOptions, UsageError
+    from packload import EncodeOptions, UsageError
 
     with pytest.raises(UsageError, match="other options"):
         pack(source, dst, options=EncodeOptions(encoding="png"), workers=1, progress=False, resume=True)
@@ -132,7 +131,7 @@ def test_resume_refuses_a_changed_source(source, tmp_path_factory):
     assert "options" in progress
     first = sorted((src / "a").iterdir())[0]
     os.rename(first, first.with_name("zzz_" + first.name))
-    from packer import UsageError
+    from packload import UsageError
 
     with pytest.raises(UsageError, match="changed"):
         pack(src, dst, workers=1, progress=False, resume=True, shard_size=1 << 16)

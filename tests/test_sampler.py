@@ -1,4 +1,4 @@
-"""Tests for loaders.sampler: order properties, locality, mixing, rank split, resume, DataLoader use."""
+"""Tests for packload.loaders.sampler: order properties, locality, mixing, rank split, resume, DataLoader use."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loaders.sampler import PackSampler, shuffle_quality
+from packload.packload.loaders.sampler import PackSampler, shuffle_quality
 
 ORDERS = ["block", "random", "sequential"]
 
@@ -383,7 +383,7 @@ def test_prefetch_resume_and_ranks_announce_what_they_read() -> None:
 def test_prefetch_option_checked_and_pickles() -> None:
     import pickle
 
-    from loaders.hints import PackHints
+    from packload.loaders.hints import PackHints
 
     with pytest.raises(TypeError, match="prefetch must be a pack's path or a callable"):
         PackSampler(10, prefetch=3)
@@ -397,7 +397,7 @@ def test_prefetch_option_checked_and_pickles() -> None:
 @pytest.fixture(scope="module")
 def small_packs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """300 small images packed once per backend (shards of 64 KiB: a batch spans several)."""
-    from packer import EncodeOptions, pack
+    from packload import EncodeOptions, pack
     from tests.image_factory import make_image_folder
 
     root = tmp_path_factory.mktemp("prefetch")
@@ -413,9 +413,9 @@ def small_packs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def test_prefetching_sampler_reads_the_same_bytes(small_packs: dict[str, Path], backend: str) -> None:
     from torch.utils.data import DataLoader
 
-    from loaders import PackedImageFolder
-    from loaders.collate import collate_as_list
-    from loaders.read import PackReader
+    from packload import PackedImageFolder
+    from packload.loaders.collate import collate_as_list
+    from packload.loaders.read import PackReader
 
     path = small_packs[backend]
     ds = PackedImageFolder(path, output="bytes")
@@ -437,7 +437,7 @@ def test_batches_ask_once_for_records_announced_or_fetched(small_packs: dict[str
     """A batch works out which pieces to ask the storage for only when some of its records were
     not asked for yet (by an earlier batch, or by the sampler's announcement): later batches over
     the same records cost one table lookup, and read the same bytes."""
-    from loaders.read import PackReader
+    from packload.loaders.read import PackReader
 
     with PackReader(small_packs[backend]) as reader:
         worked = []
@@ -463,8 +463,8 @@ def test_a_batch_never_waits_behind_announced_reads(small_packs: dict[str, Path]
     held reads, once released, find those pieces done and do not read them again."""
     import threading
 
-    import loaders.prefetch as prefetch_module
-    from loaders.read import PackReader
+    import packload.loaders.prefetch as prefetch_module
+    from packload.loaders.read import PackReader
 
     monkeypatch.setenv("PACKLOAD_PARALLEL_READS", "1")
     release, held, reads = threading.Event(), [], []
@@ -504,9 +504,9 @@ def test_dataset_sampler_announces_through_the_datasets_reader(small_packs: dict
     FUSE storage (forced): background threads in the process that forks the workers."""
     from torch.utils.data import DataLoader
 
-    from loaders import PackedImageFolder
-    from loaders.collate import collate_as_list
-    from loaders.hints import PackHints
+    from packload import PackedImageFolder
+    from packload.loaders.collate import collate_as_list
+    from packload.loaders.hints import PackHints
 
     monkeypatch.setenv("PACKLOAD_PARALLEL_READS", parallel)
     path = small_packs[backend]
@@ -539,10 +539,10 @@ def test_lmdb_index_fetched_by_parallel_reads_where_reads_wait(small_packs: dict
     """On network and FUSE storage (forced here) opening an LMDB pack fetches its index's bytes by
     parallel positioned reads, as the shards backend does its index file, instead of faulting them in
     a request or two at a time; on a local disk it does not."""
-    import loaders.prefetch as prefetch_module
-    from loaders.lmdb_pages import LmdbLayout
-    from loaders.read import PackReader
-    from packer.format import LMDB_INDEX_KEY
+    import packload.loaders.prefetch as prefetch_module
+    from packload.core.format import LMDB_INDEX_KEY
+    from packload.core.lmdb_pages import LmdbLayout
+    from packload.loaders.read import PackReader
 
     fetched: list[list[tuple[int, int, int]]] = []
     real = prefetch_module.ParallelFetcher.fetch
@@ -564,8 +564,8 @@ def test_lmdb_chunks_located_from_the_btree(small_packs: dict[str, Path]) -> Non
     byte for byte what LMDB itself returns."""
     import lmdb
 
-    from loaders.read import PackReader
-    from packer.format import lmdb_chunk_key
+    from packload.core.format import lmdb_chunk_key
+    from packload.loaders.read import PackReader
 
     env = lmdb.open(str(small_packs["lmdb"]), subdir=False, readonly=True, lock=False)
     with PackReader(small_packs["lmdb"]) as reader, env.begin() as txn:

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from loaders.sampler import PackSampler
+from packload.loaders.sampler import PackSampler
 
 WORLD_SIZE = 2
 NUM_RECORDS = 1001  # odd, so "pad" and "drop" differ

@@ -17,9 +17,8 @@ import pytest
 from PIL import Image
 
 from benchmarks import slowfs
-from loaders import PackedImageFolder
-from loaders.page_cache import drop
-from packer import pack
+from packload import PackedImageFolder, pack
+from packload.diagnose.page_cache import drop
 
 ROOT = Path(__file__).resolve().parent.parent
 REASON = slowfs.unavailable()
@@ -264,7 +263,7 @@ def test_announcement_reads_ahead_in_the_background_on_fuse(packs: Path, tmp_pat
     """On FUSE a sampler's announcement is read by the reader's own threads after ``advise`` returns:
     the window's bytes arrive with no further call, in large requests, and the batches that follow
     ask the storage for nothing more."""
-    from loaders.read import PackReader
+    from packload.loaders.read import PackReader
 
     mnt = tmp_path / "mnt"
     with _mounted(packs, mnt, latency_ms=2) as fs:

@@ -1,4 +1,4 @@
-"""Tests for packer.synthetic, benchmarks/make_images.py and the tests/image_factory helpers."""
+"""Tests for packload.packer.synthetic, benchmarks/make_images.py and the tests/image_factory helpers."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from packer.synthetic import make_cifar_like, make_imagenet_like
+from packload.packload.packer.synthetic import make_cifar_like, make_imagenet_like
 from tests.image_factory import (
     make_image_folder,
     write_broken_files,

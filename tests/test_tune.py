@@ -20,9 +20,10 @@ from torch.utils.data import Dataset, IterableDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from loaders import tune_search  # noqa: E402
-from loaders.gpu_step import DummyStep  # noqa: E402
-from loaders.tune import (  # noqa: E402
+from packload import pack  # noqa: E402
+from packload.diagnose import tune_search  # noqa: E402
+from packload.diagnose.gpu_step import DummyStep  # noqa: E402
+from packload.diagnose.tune import (  # noqa: E402
     LoaderConfigError,
     TuneError,
     format_report,
@@ -30,8 +31,7 @@ from loaders.tune import (  # noqa: E402
     tune,
     tune_path,
 )
-from loaders.tune_search import aggregate, cost  # noqa: E402
-from packer import pack  # noqa: E402
+from packload.diagnose.tune_search import aggregate, cost  # noqa: E402
 from tests.image_factory import make_image_folder  # noqa: E402
 
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without CUDA")
@@ -289,7 +289,7 @@ def test_tune_path_reads_a_pack_or_a_folder(image_folder, tmp_path, kind):
 
 
 def _dataset_of(path: Path):
-    from loaders.tune import open_dataset
+    from packload.diagnose.tune import open_dataset
 
     return open_dataset(path, image_size=32)
 
@@ -325,7 +325,7 @@ def test_many_cores_skip_one_worker_in_the_ladder_but_the_bisection_still_finds_
 
 
 def test_report_shows_the_workers_proportional_memory_not_their_rss():
-    from loaders.tune import _worker_memory
+    from packload.diagnose.tune import _worker_memory
 
     runner = _RatesRunner({2: 100.0})
     trial = runner.run(2, 2, False, 1.0, 0.0, "coarse")

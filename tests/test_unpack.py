@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import loaders.unpack as unpack_module
-from loaders import PackReader
-from loaders.unpack import Target, plan_targets, unpack
-from packer.encode import EncodeOptions
-from packer.errors import PackFormatError, UsageError
-from packer.pipeline import pack
+import packload.loaders.unpack as unpack_module
+from packload import PackReader
+from packload.core.errors import PackFormatError, UsageError
+from packload.loaders.unpack import Target, plan_targets, unpack
+from packload.packer.encode import EncodeOptions
+from packload.packer.pipeline import pack
 from tests.image_factory import write_image
 from tests.reliability_tools import cli, craft_pack, jpeg_bytes, one_line_error, records_of
 

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import PackFormatError
-from .version import __version__
+from packload.core.errors import PackFormatError
+from packload.core.version import __version__
 
 FORMAT_NAME = "packload"
 FORMAT_VERSION = 1

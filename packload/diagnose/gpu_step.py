@@ -145,7 +145,7 @@ class DummyStep:
             self.image_shape = tuple(images.shape[1:])
         if self._model is not None:
             if images is None:
-                raise ValueError("model='small-cnn' needs B×3×H×W image batches (use loaders.collate_uint8)")
+                raise ValueError("model='small-cnn' needs B×3×H×W image batches (use packload.collate_uint8)")
             labels = next((t for t in tensors if t.dim() == 1 and len(t) == len(images)), None)
             self._cnn_step(images, labels)
         else:

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 from PIL import Image
 
-from .format import DECODABLE
+from packload.core.format import DECODABLE
 
 _JPEG_MODES = {1: "L", 3: "RGB", 4: "CMYK"}
 # SOF markers: C0-CF except C4 (DHT), C8 (JPG) and CC (DAC).

@@ -2,7 +2,7 @@
 
 Checks this machine (PyTorch build against the GPU, usable CPUs, memory and cgroup limits,
 ``/dev/shm``, training settings) and, given a dataset (an image folder or a pack), its storage and
-where the input pipeline stalls (``loaders.stall``). ``doctor()`` returns a JSON-serialisable dict
+where the input pipeline stalls (``packload.diagnose.stall``). ``doctor()`` returns a JSON-serialisable dict
 whose layout ``REPORT_SCHEMA`` documents (a JSON Schema; ``schema_errors`` checks a report against
 it); ``format_report`` turns it into lines for the terminal. A diagnosis, not a test: whatever it
 finds, the command exits 0.
@@ -17,14 +17,27 @@ import time
 from collections.abc import Callable
 from typing import Any, TypedDict
 
-from packer import __version__
-from packer.errors import UsageError
-from packer.scan import scan_folder
-
-from .gpu_step import DummyStep
-from .machine import Check, SystemPaths, check, collect_machine, human_bytes, small_files_check
-from .stall import StallReport, folder_plan, is_pack, measure_stall, pack_plan, samples_to_read
-from .verify import info
+from packload.core.errors import UsageError
+from packload.core.scan import scan_folder
+from packload.core.version import __version__
+from packload.diagnose.gpu_step import DummyStep
+from packload.diagnose.machine import (
+    Check,
+    SystemPaths,
+    check,
+    collect_machine,
+    human_bytes,
+    small_files_check,
+)
+from packload.diagnose.stall import (
+    StallReport,
+    folder_plan,
+    is_pack,
+    measure_stall,
+    pack_plan,
+    samples_to_read,
+)
+from packload.loaders.verify import info
 
 SCHEMA_VERSION = 1
 DEFAULT_MAX_BATCHES = 20

@@ -15,7 +15,13 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from .machine import cgroup_cpu_limit, cgroup_memory_limit, cgroup_memory_usage, read_meminfo, usable_cpus
+from packload.diagnose.machine import (
+    cgroup_cpu_limit,
+    cgroup_memory_limit,
+    cgroup_memory_usage,
+    read_meminfo,
+    usable_cpus,
+)
 
 
 @dataclass(frozen=True)

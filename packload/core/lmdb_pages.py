@@ -43,7 +43,7 @@ from itertools import pairwise
 
 import numpy as np
 
-from packer.errors import PackFormatError
+from packload.core.errors import PackFormatError
 
 Buffer = bytes | bytearray | memoryview | mmap.mmap
 # Called with (file offset, length) pairs, in file order, just before those bytes are read (a level of

@@ -14,20 +14,19 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from packer import UsageError, pack
-from packer.pipeline import available_cpus
-from packer.synthetic import make_imagenet_like
-
-from .collate import collate_as_list, collate_uint8
-from .crop import CenterCrop
-from .dataset import PackedImageFolder
-from .folder import FolderImages
-from .measure import time_loader
-from .pack_loader import PackLoader
-from .transforms import ResizeCenterCrop
-from .tune import format_report as format_tune_report
-from .tune import tune
-from .verify import verify
+from packload.core.errors import UsageError
+from packload.diagnose.measure import time_loader
+from packload.diagnose.tune import format_report as format_tune_report
+from packload.diagnose.tune import tune
+from packload.loaders.collate import collate_as_list, collate_uint8
+from packload.loaders.crop import CenterCrop
+from packload.loaders.dataset import PackedImageFolder
+from packload.loaders.folder import FolderImages
+from packload.loaders.pack_loader import PackLoader
+from packload.loaders.transforms import ResizeCenterCrop
+from packload.loaders.verify import verify
+from packload.packer.pipeline import available_cpus, pack
+from packload.packer.synthetic import make_imagenet_like
 
 
 def _rate(dataset: Any, collate: Any, workers: int, batch_size: int, sampler: Any = None) -> float:

@@ -23,8 +23,8 @@ from operator import attrgetter
 from pathlib import Path
 from typing import NamedTuple
 
-from .errors import SkippedFileError, UsageError
-from .safe_files import kind_of
+from packload.core.errors import SkippedFileError, UsageError
+from packload.core.safe_files import kind_of
 
 # The same list as torchvision.datasets.folder.IMG_EXTENSIONS.
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")

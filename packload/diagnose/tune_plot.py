@@ -8,12 +8,11 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from packer.errors import PackloadError
-
-from .tune_search import PREFETCH_DEFAULT, aggregate
+from packload.core.errors import PackloadError
+from packload.diagnose.tune_search import PREFETCH_DEFAULT, aggregate
 
 if TYPE_CHECKING:
-    from .tune import TuneResult
+    from packload.diagnose.tune import TuneResult
 
 
 class PlotUnavailableError(PackloadError, RuntimeError):

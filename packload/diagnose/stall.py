@@ -21,14 +21,13 @@ from typing import Any, Literal, Protocol, TypedDict
 
 from torch.utils.data import DataLoader, Dataset
 
-from packer.format import MANIFEST_NAME
-
-from .collate import collate_uint8
-from .dataset import PackedImageFolder
-from .folder import FolderImages
-from .measure import LoaderTiming, time_loader
-from .page_cache import Eviction, evict, warm
-from .transforms import ResizeCenterCrop
+from packload.core.format import MANIFEST_NAME
+from packload.diagnose.measure import LoaderTiming, time_loader
+from packload.diagnose.page_cache import Eviction, evict, warm
+from packload.loaders.collate import collate_uint8
+from packload.loaders.dataset import PackedImageFolder
+from packload.loaders.folder import FolderImages
+from packload.loaders.transforms import ResizeCenterCrop
 
 Bottleneck = Literal["storage", "cpu_preparation", "gpu"]
 BOTTLENECKS: tuple[str, ...] = ("storage", "cpu_preparation", "gpu")
@@ -36,7 +35,7 @@ GPU_BOUND_BELOW = 0.10  # the GPU is the bottleneck when it waits less than this
 
 
 class Step(Protocol):
-    """What the analysis needs of a training step (``loaders.gpu_step.DummyStep`` has it)."""
+    """What the analysis needs of a training step (``packload.diagnose.gpu_step.DummyStep`` has it)."""
 
     description: str
     on_gpu: bool
@@ -137,7 +136,7 @@ def _release(dataset: Dataset[Any]) -> None:
 
 
 def time_plan(plan: StallPlan, batch_size: int, workers: int, max_batches: int, pin_memory: bool = False) -> LoaderTiming:
-    """One bounded pass of a DataLoader over the plan's samples (``loaders.measure.time_loader``).
+    """One bounded pass of a DataLoader over the plan's samples (``packload.diagnose.measure.time_loader``).
 
     The pass reads a copy of the dataset (``copy.copy`` goes through ``__getstate__``, which leaves
     open files behind), so what it opens in this process is closed after it and the next pass starts clean.

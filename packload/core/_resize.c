@@ -1,4 +1,4 @@
-/* packload's compiled resize kernel (built as the optional extension module loaders._resize; the
+/* packload's compiled resize kernel (built as the optional extension module packload.core._resize; the
  * functions below are called through ctypes by loaders/resize_kernel.py, which falls back to torch
  * when the module was not built).
  *

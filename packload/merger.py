@@ -3,10 +3,10 @@
 Records keep their order (PACK1's, then PACK2's, …). Labels are remapped to the sorted union of
 the inputs' classes, as ImageFolder would number the classes of the combined folder. Into a shards
 OUT, shards of shards inputs are reused: hard-linked when nothing in them changes, else copied and
-renumbered in place (``packer.combine``); records of LMDB inputs are copied into new shards.
+renumbered in place (``packload.packer.combine``); records of LMDB inputs are copied into new shards.
 Into an LMDB OUT every record is copied, chunked as ``pack`` would. OUT is written as
 ``OUT.partial`` and published by rename, under OUT's lock, as ``pack`` does; ``overwrite``
-replaces only a pack (``packer.destination``).
+replaces only a pack (``packload.packer.destination``).
 
 A merged pack is written afresh (new index, manifest, header checksums), so it would hide any
 damage in what it copies. Merge therefore checks its inputs as ``verify`` does and refuses a
@@ -29,8 +29,19 @@ import lmdb
 import numpy as np
 from tqdm import tqdm
 
-from .combine import ShardSource, copy_records, joined_index, label_map, place_shards
-from .destination import (
+from packload.core.display import terminal_safe
+from packload.core.errors import PackFormatError, UsageError
+from packload.core.format import (
+    INDEX_NAME,
+    MANIFEST_NAME,
+    build_manifest,
+    decode_index,
+    encode_manifest,
+    ignored_count,
+    skipped_count,
+)
+from packload.packer.combine import ShardSource, copy_records, joined_index, label_map, place_shards
+from packload.packer.destination import (
     DestinationLock,
     check_apart,
     check_destination,
@@ -44,20 +55,9 @@ from .destination import (
     remove_ours,
     system_reason,
 )
-from .display import terminal_safe
-from .errors import PackFormatError, UsageError
-from .format import (
-    INDEX_NAME,
-    MANIFEST_NAME,
-    build_manifest,
-    decode_index,
-    encode_manifest,
-    ignored_count,
-    skipped_count,
-)
-from .pipeline import LMDB_MAP_PER_FILE, backend_for, pack_size
-from .write_lmdb import LmdbWriter
-from .write_shards import ShardsWriter, fsync_dir, write_file_atomic
+from packload.packer.pipeline import LMDB_MAP_PER_FILE, backend_for, pack_size
+from packload.packer.write_lmdb import LmdbWriter
+from packload.packer.write_shards import ShardsWriter, fsync_dir, write_file_atomic
 
 # Options that change what the payloads are: packs must agree on them to share one manifest.
 PAYLOAD_OPTIONS = ("encoding", "quality", "max_side", "size")
@@ -81,9 +81,9 @@ def damaged(reader: Any, where: str, problem: str) -> PackFormatError:
 
 def _open_checked(path: Path) -> Any:
     """Open input ``path``, its index checked against the manifest's sha256 and the manifest's
-    counts against the index (``loaders.verify``)."""
-    from loaders.read import PackReader  # the reading side, needed only here
-    from loaders.verify import manifest_problems
+    counts against the index (``packload.loaders.verify``)."""
+    from packload.loaders.read import PackReader  # the reading side, needed only here
+    from packload.loaders.verify import manifest_problems
 
     try:
         reader = PackReader(path, check_index=True)
@@ -103,7 +103,7 @@ def _open_checked(path: Path) -> Any:
 def checked_payloads(reader: Any, payload: bool = True) -> Callable[[int], memoryview]:
     """``payload(i)`` for ``copy_records`` that first checks record ``i`` as ``verify`` does (header
     against the index, payload against its CRC-32) and refuses a damaged one."""
-    from loaders.verify import record_problem
+    from packload.loaders.verify import record_problem
 
     def checked(i: int) -> memoryview:
         try:
@@ -127,7 +127,7 @@ def _path_or_number(reader: Any, i: int) -> str:
 
 def _check_shard_files(reader: Any) -> None:
     """Every shard of a shards input against the manifest's sha256 (before its records are copied)."""
-    from loaders.verify import file_problems
+    from packload.loaders.verify import file_problems
 
     problems = file_problems(reader, index=False)
     if problems:

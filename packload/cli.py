@@ -19,9 +19,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import __version__
-from .display import json_text, safe_lines
-from .errors import PackloadError, UsageError
+from packload.core.display import json_text, safe_lines
+from packload.core.errors import PackloadError, UsageError
+from packload.core.version import __version__
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -91,7 +91,7 @@ def add_pack_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _pack_with_ray(args: argparse.Namespace, options: Any) -> dict[str, Any]:
-    from .ray_engine import pack_ray
+    from packload.packer.ray_engine import pack_ray
 
     for flag, value in (("--resume", args.resume), ("--workers", args.workers is not None)):
         if value:
@@ -103,8 +103,8 @@ def _pack_with_ray(args: argparse.Namespace, options: Any) -> dict[str, Any]:
 
 
 def run_pack(args: argparse.Namespace) -> int:
-    from .encode import EncodeOptions
-    from .pipeline import pack
+    from packload.packer.encode import EncodeOptions
+    from packload.packer.pipeline import pack
 
     try:
         options = EncodeOptions(encoding=args.encoding, check=args.check, quality=args.quality,
@@ -139,7 +139,7 @@ def _add_info(sub: Any) -> None:
 
 
 def run_info(args: argparse.Namespace) -> int:
-    from loaders.verify import info
+    from packload.loaders.verify import info
 
     result = info(args.pack)
     counts = result["class_counts"]
@@ -173,7 +173,7 @@ def _add_verify(sub: Any) -> None:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    from loaders.verify import verify
+    from packload.loaders.verify import verify
 
     result = verify(args.pack, decode=args.decode, progress=not (args.quiet or args.json))
     lines = [f"{result['path']}: {result['records']} records, "
@@ -198,7 +198,7 @@ def _add_unpack(sub: Any) -> None:
 
 
 def run_unpack(args: argparse.Namespace) -> int:
-    from loaders.unpack import unpack
+    from packload.loaders.unpack import unpack
 
     result = unpack(args.pack, args.out, overwrite=args.overwrite, progress=not (args.quiet or args.json))
     lines = [f"unpacked {result['files']} files ({result['bytes'] / 1e6:.1f} MB) into {result['out']}"]
@@ -225,7 +225,7 @@ def _add_merge(sub: Any) -> None:
 
 
 def run_merge(args: argparse.Namespace) -> int:
-    from .merge import merge
+    from packload.merger import merge
 
     result = merge(args.out, args.packs, backend=args.format, overwrite=args.overwrite,
                    progress=not (args.quiet or args.json))
@@ -248,7 +248,7 @@ def _add_demo(sub: Any) -> None:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from loaders.demo import run_demo as demo
+    from packload.demo import run_demo as demo
 
     result = demo(args.dir, count=args.count, progress=not (args.quiet or args.json))
     args.quiet = False  # --quiet hides the progress bars; the report is the point of the demo
@@ -277,7 +277,7 @@ def _add_tune(sub: Any) -> None:
 
 
 def run_tune(args: argparse.Namespace) -> int:
-    from loaders.tune import format_report, tune_path
+    from packload.diagnose.tune import format_report, tune_path
 
     result = tune_path(args.path, batch_size=args.batch_size, step_ms=args.step_ms, model=args.model,
                        budget_s=args.budget, max_workers=args.max_workers, progress=not (args.quiet or args.json))
@@ -304,12 +304,12 @@ def _add_doctor(sub: Any) -> None:
     p.add_argument("--crop", type=int, default=224, help="resize + centre-crop size of the loader (default 224)")
     p.add_argument("--no-measure", action="store_true", help="machine and dataset checks only, no timing")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
-    p.add_argument("--json", action="store_true", help="print the report as JSON (loaders.doctor.REPORT_SCHEMA)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON (packload.diagnose.doctor.REPORT_SCHEMA)")
     p.set_defaults(run=run_doctor)
 
 
 def run_doctor(args: argparse.Namespace) -> int:
-    from loaders.doctor import doctor, format_report
+    from packload.diagnose.doctor import doctor, format_report
 
     report = doctor(args.path, batch_size=args.batch_size, step_ms=args.step_ms, model=args.model,
                     workers=args.workers, max_batches=args.max_batches, repeats=args.repeats, crop=args.crop,
@@ -371,7 +371,7 @@ def pack_main(argv: Sequence[str] | None = None) -> int:
 
 
 def module_main(argv: Sequence[str] | None = None) -> int:
-    """``python -m packer``: ``packload`` when the first word is a subcommand, else ``pack``."""
+    """``python -m packload``: ``packload`` when the first word is a subcommand, else ``pack``."""
     words = list(sys.argv[1:] if argv is None else argv)
     names = {"pack", "merge", "info", "verify", "unpack", "doctor", "tune", "demo", "-h", "--help", "--version"}
     return main(words) if words and words[0] in names else pack_main(words)

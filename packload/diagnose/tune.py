@@ -1,9 +1,9 @@
 """``tune``: the DataLoader settings that keep a GPU fed, measured on this machine.
 
 ``tune(dataset, batch_size=256, step_ms=120)`` feeds batches to a dummy training step of that
-length (``loaders.gpu_step.DummyStep``: real GPU work on CUDA, a CPU-free wait elsewhere) and searches
+length (``packload.diagnose.gpu_step.DummyStep``: real GPU work on CUDA, a CPU-free wait elsewhere) and searches
 ``num_workers``, ``prefetch_factor`` and, on CUDA, ``pin_memory`` within a time budget
-(``loaders.tune_search``). It picks the cheapest configuration within a few percent of the fastest,
+(``packload.diagnose.tune_search``). It picks the cheapest configuration within a few percent of the fastest,
 says whether training is input-bound or compute-bound, and projects an epoch's time.
 ``persistent_workers`` never changes the steady rate; it saves the worker start-up that every
 trial measures, at each epoch after the first, so it is set whenever there are workers.
@@ -28,16 +28,15 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 from tqdm import tqdm
 
-from packer.errors import PackloadError, UsageError
-from packer.format import MANIFEST_NAME
-
-from .collate import collate_uint8
-from .dataset import PackedImageFolder
-from .folder import FolderImages
-from .gpu_step import DummyStep, iter_tensors
-from .measure import machine_info, usable_cores
-from .transforms import ResizeCenterCrop
-from .tune_search import Cycle, MemoryGuard, Search, Trial, TrialRunner, batch_nbytes, select
+from packload.core.errors import PackloadError, UsageError
+from packload.core.format import MANIFEST_NAME
+from packload.diagnose.gpu_step import DummyStep, iter_tensors
+from packload.diagnose.measure import machine_info, usable_cores
+from packload.diagnose.tune_search import Cycle, MemoryGuard, Search, Trial, TrialRunner, batch_nbytes, select
+from packload.loaders.collate import collate_uint8
+from packload.loaders.dataset import PackedImageFolder
+from packload.loaders.folder import FolderImages
+from packload.loaders.transforms import ResizeCenterCrop
 
 __all__ = ["LoaderConfigError", "Trial", "TuneError", "TuneResult", "format_report", "load_loader_config",
            "tune", "tune_path"]
@@ -123,7 +122,7 @@ class TuneResult:
     def plot(self, path: str | os.PathLike[str]) -> Path:
         """Throughput against num_workers per prefetch setting, the GPU step's rate as a line (PNG);
         needs matplotlib."""
-        from .tune_plot import plot_result
+        from packload.diagnose.tune_plot import plot_result
 
         return plot_result(self, path)
 
@@ -241,7 +240,7 @@ def _verdict(pick: Trial, step_rate: float, reason: str, limit: str, dataset: Da
         text += "pack the folder (`pack FOLDER data.lmdb --encoding jpeg --max-side 256`) so each sample is cheaper"
     else:
         text += ("make each sample cheaper: pack with --max-side 256 (or --encoding raw --size HxW), decode at a "
-                 "reduced size (decode_size=...), or use loaders.batch_loader")
+                 "reduced size (decode_size=...), or use packload.batch_loader")
     return "input-bound", text
 
 

@@ -30,8 +30,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from .gpu_step import DummyStep, iter_tensors
-from .measure import cpu_seconds, loader_worker_pids, memory_status, process_memory
+from packload.diagnose.gpu_step import DummyStep, iter_tensors
+from packload.diagnose.measure import cpu_seconds, loader_worker_pids, memory_status, process_memory
 
 MIN_WINDOWS = 3
 PREFETCH_DEFAULT = 2

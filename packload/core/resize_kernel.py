@@ -1,4 +1,4 @@
-"""The compiled resize kernel (``loaders/_resize.c``), when it was built: ``crop.resize`` uses it.
+"""The compiled resize kernel (``packload/core/_resize.c``), when it was built: ``crop.resize`` uses it.
 
 It resamples uint8 RGB images with an antialiased bilinear (triangle) filter, bit-exact with
 torch's uint8 kernel (``interpolate(..., mode="bilinear", antialias=True)``): the same weights,
@@ -35,7 +35,7 @@ def _load() -> tuple[Any, str | None]:
     if os.environ.get("PACKLOAD_RESIZE", "").lower() == "torch":
         return None, "PACKLOAD_RESIZE=torch"
     try:
-        from . import _resize  # type: ignore[attr-defined]
+        from packload.core import _resize
     except ImportError:
         return None, "the compiled kernel was not built (no C compiler when packload was installed)"
     lib = ctypes.CDLL(_resize.__file__)
