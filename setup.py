@@ -2,7 +2,7 @@
 
 ``packload/core/_resize.c`` is built as the extension module ``packload.core._resize`` when a C compiler is
 present; without one the build goes on without it (``optional=True``) and packload resizes with
-torch instead (same pixels, about 3× slower on x86-64 with AVX2; see packload/core/resize_kernel.py).
+torch instead (same pixels, slower on x86-64 with AVX2; see packload/core/resize_kernel.py).
 """
 
 from setuptools import Extension, setup

@@ -59,7 +59,7 @@ import torch  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from packload import CenterCrop, PackedImageFolder, PackLoader, collate_uint8  # noqa: E402
-from packload.diagnose.measure import usable_cores  # noqa: E402
+from packload.core.cpus import usable_cores  # noqa: E402
 from packload.loaders.batches import batch_loader  # noqa: E402
 
 CONTENDERS = ("packloader", "batch_loader", "drop_in")

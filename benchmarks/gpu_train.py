@@ -41,8 +41,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from torch.utils.data import DataLoader  # noqa: E402
 
 from packload import CenterCrop, PackedImageFolder, PackLoader, collate_uint8  # noqa: E402
+from packload.core.cpus import usable_cores  # noqa: E402
 from packload.diagnose.gpu_step import SmallCNN  # noqa: E402
-from packload.diagnose.measure import machine_info, usable_cores  # noqa: E402
+from packload.diagnose.measure import machine_info  # noqa: E402
 from packload.loaders.folder import FolderImages  # noqa: E402
 from packload.loaders.transforms import ResizeCenterCrop  # noqa: E402
 

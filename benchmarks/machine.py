@@ -26,7 +26,8 @@ import numpy as np
 from PIL import Image
 
 from benchmarks import cache
-from packload.diagnose.measure import cpu_model, usable_cores
+from packload.core.cpus import usable_cores
+from packload.diagnose.measure import cpu_model
 from packload.loaders.transforms import ResizeCenterCrop
 
 try:  # optional fast JPEG decoder (packload's `fast` extra)

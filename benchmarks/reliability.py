@@ -2,7 +2,7 @@
 truncations, hostile packs, fuzzing (of the decoders, and of every field of a pack against every read
 path), full disks and file-size limits, LMDB map growth, and 16 DataLoader workers over one pack. The
 CI tests (tests/test_reliability_*.py, tests/test_fuzz_pack_fields.py) run the same functions
-(tests/reliability_tools.py, tests/fuzz_packs.py) with small counts; this prints the figures
+(tests/reliability/, tests/fuzz_packs/) with small counts; this prints the figures
 RELIABILITY.md records, and writes them as JSON with ``--json``.
 
     python benchmarks/reliability.py [--quick] [--json FILE] [--only kills,corruption,...]
@@ -26,7 +26,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests import reliability_tools as rt  # noqa: E402
+from tests.reliability.corruption import corruption_campaign  # noqa: E402
+from tests.reliability.crafted import copy_pack  # noqa: E402
+from tests.reliability.decoder_fuzz import fuzz_decoders  # noqa: E402
+from tests.reliability.full_disk import lmdb_map_growth_check, write_limit_check  # noqa: E402
+from tests.reliability.hostile import hostile_suite  # noqa: E402
+from tests.reliability.kills import kill_and_resume, kill_points, worker_kill_resume  # noqa: E402
+from tests.reliability.many_readers import load_check  # noqa: E402
+from tests.reliability.packs import make_source, pack_small  # noqa: E402
 
 SECTIONS = ("kills", "workers", "corruption", "hostile", "fuzz", "disk", "load")
 FULL = {"kill_points": 24, "flips": 600, "truncations": 50, "fuzz": 4000, "fuzz_fields": "full",
@@ -55,8 +62,8 @@ def kills(work: Path, source: Path, refs: dict[str, Path], counts: dict[str, int
     for backend, ref in refs.items():
         with PackReader(ref) as reader:
             files = reader.manifest["source"]["files"]
-        for k, point in enumerate(rt.kill_points(files, counts["kill_points"], backend)):
-            run = rt.kill_and_resume(source, work / f"kill-{k}.{backend}", ref, point)
+        for k, point in enumerate(kill_points(files, counts["kill_points"], backend)):
+            run = kill_and_resume(source, work / f"kill-{k}.{backend}", ref, point)
             out["runs"].append({"backend": backend, "point": point, "killed": run["killed"],
                                 "resumed_at": run["resumed_at"], "identical": run["identical"],
                                 "problems": run["problems"]})
@@ -69,7 +76,7 @@ def workers(refs: dict[str, Path]) -> dict[str, Any]:
     for backend, ref in refs.items():
         for start_method in ("fork", "spawn"):
             for kill_after in (1, 4):
-                run = rt.worker_kill_resume(ref, workers=2, batch_size=2, kill_after=kill_after,
+                run = worker_kill_resume(ref, workers=2, batch_size=2, kill_after=kill_after,
                                             start_method=start_method)
                 out["runs"].append({"backend": backend, "start_method": start_method, "kill_after": kill_after,
                                     "victim": run["victim"], "error": run["error"], "delivered": run["delivered"],
@@ -83,13 +90,13 @@ def corruption(source: Path, refs: dict[str, Path], work: Path, counts: dict[str
     from packload.packer.encode import EncodeOptions
 
     raw = work / "raw.shards"
-    rt.pack_small(source, raw, options=EncodeOptions(encoding="raw", size=(24, 24)))
+    pack_small(source, raw, options=EncodeOptions(encoding="raw", size=(24, 24)))
     out: dict[str, Any] = {"backends": {}, "problems": []}
     packs = [(backend, ref, counts["flips"], counts["truncations"]) for backend, ref in refs.items()]
     packs.append(("shards, raw pixels", raw, counts["flips"] // 2, counts["truncations"] // 2))
     for k, (name, ref, flips, truncations) in enumerate(packs):
-        pack = rt.copy_pack(ref, work / f"corrupt-{k}{ref.suffix}")
-        result = rt.corruption_campaign(pack, flips, truncations, seed=100 + k, log=log)
+        pack = copy_pack(ref, work / f"corrupt-{k}{ref.suffix}")
+        result = corruption_campaign(pack, flips, truncations, seed=100 + k, log=log)
         out["backends"][name] = result
         out["problems"] += [f"{name}: {p}" for p in result["problems"]]
     return out
@@ -97,19 +104,20 @@ def corruption(source: Path, refs: dict[str, Path], work: Path, counts: dict[str
 
 def fuzz(work: Path, counts: dict[str, Any], big_manifest: int | None) -> dict[str, Any]:
     """Hypothesis over the decoders; then hostile packs field by field against every read path
-    (``tests/fuzz_packs.py``, the whole grid or the CI subset); then the PackLoader crop over hostile
+    (``tests/fuzz_packs/``, the whole grid or the CI subset); then the PackLoader crop over hostile
     index entries with the resize kernel built with AddressSanitizer and UBSan, where it builds."""
-    from tests import fuzz_packs as fp
+    from tests.fuzz_packs.campaign import failure_report, fuzz_fields
+    from tests.fuzz_packs.server import build_sanitized_kernel
 
-    out = rt.fuzz_decoders(counts["fuzz"], seed=7)
-    fields = fp.fuzz_fields(work / "fuzz-fields", counts["fuzz_fields"], big_manifest=big_manifest, log=log)
-    library, why = fp.build_sanitized_kernel(work / "fuzz-asan")
+    out = fuzz_decoders(counts["fuzz"], seed=7)
+    fields = fuzz_fields(work / "fuzz-fields", counts["fuzz_fields"], big_manifest=big_manifest, log=log)
+    library, why = build_sanitized_kernel(work / "fuzz-asan")
     sanitized: dict[str, Any] = {"skipped": why, "problems": []}
     if library is not None:
-        sanitized = fp.fuzz_fields(work / "fuzz-sanitized", "asan", asan_library=library)
+        sanitized = fuzz_fields(work / "fuzz-sanitized", "asan", asan_library=library)
     out.update(fields=fields, sanitized=sanitized)
     out["problems"] = out["problems"] + fields["problems"] + sanitized["problems"]
-    report = fp.failure_report(fields, limit=5) + (fp.failure_report(sanitized, limit=5) if library else [])
+    report = failure_report(fields, limit=5) + (failure_report(sanitized, limit=5) if library else [])
     for line in report:
         log("   " + line)
     return out
@@ -117,20 +125,20 @@ def fuzz(work: Path, counts: dict[str, Any], big_manifest: int | None) -> dict[s
 
 def disk(work: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"runs": [], "problems": []}
-    big = rt.make_source(work / "disk-src", per_class=4, big=6)
+    big = make_source(work / "disk-src", per_class=4, big=6)
     for backend in ("lmdb", "shards"):
         ref = work / f"disk-ref.{backend}"
-        rt.pack_small(big, ref)
+        pack_small(big, ref)
         limits = [("fsize", n) for n in ((100_000, 400_000, 1_000_000) if backend == "lmdb" else (20_000, 40_000))]
         limits += [("tmpfs", n) for n in (150_000, 400_000, 1_000_000)]
         place = work / f"disk-{backend}"
         place.mkdir()
         for kind, limit in limits:
-            run = rt.write_limit_check(big, place, ref, backend, kind, limit)
+            run = write_limit_check(big, place, ref, backend, kind, limit)
             out["runs"].append({"backend": backend, "kind": kind, "limit": limit,
                                 **{k: v for k, v in run.items() if k in ("exit", "error", "skipped")}})
             out["problems"] += [f"{backend} {kind} {limit}: {p}" for p in run.get("problems", [])]
-    growth = rt.lmdb_map_growth_check(big, work / "grow.lmdb", work / "disk-ref.lmdb")
+    growth = lmdb_map_growth_check(big, work / "grow.lmdb", work / "disk-ref.lmdb")
     out["map_growth"] = growth
     out["problems"] += growth["problems"]
     return out
@@ -142,7 +150,7 @@ def load(refs: dict[str, Path], counts: dict[str, int]) -> dict[str, Any]:
         for start_method in ("fork", "spawn"):
             for persistent in (False, True):
                 log(f"   {backend} {start_method} persistent={persistent}")
-                run = rt.load_check(ref, counts["load_workers"], counts["load_epochs"], persistent, start_method)
+                run = load_check(ref, counts["load_workers"], counts["load_epochs"], persistent, start_method)
                 out["runs"].append(run)
                 out["problems"] += [f"{backend} {start_method} persistent={persistent}: {p}" for p in run["problems"]]
     return out
@@ -235,10 +243,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         work = Path(tmp)
-        source = rt.make_source(work / "src", per_class=counts["per_class"])
+        source = make_source(work / "src", per_class=counts["per_class"])
         refs = {backend: work / f"ref.{backend}" for backend in ("lmdb", "shards")}
         for ref in refs.values():
-            rt.pack_small(source, ref)
+            pack_small(source, ref)
         results: dict[str, Any] = {}
         if "kills" in sections:
             results["kills"] = timed("kills", lambda: kills(work, source, refs, counts))
@@ -247,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         if "corruption" in sections:
             results["corruption"] = timed("corruption", lambda: corruption(source, refs, work, counts))
         if "hostile" in sections:
-            results["hostile"] = timed("hostile", lambda: rt.hostile_suite(refs, work / "hostile"))
+            results["hostile"] = timed("hostile", lambda: hostile_suite(refs, work / "hostile"))
         if "fuzz" in sections:
             big = args.fuzz_big_manifest << 20 if args.fuzz_big_manifest else None
             results["fuzz"] = timed("fuzz", lambda: fuzz(work, counts, big))

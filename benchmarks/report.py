@@ -44,13 +44,14 @@ def spread(stats: dict[str, Any] | None) -> str:
     return f"{num(stats['median'])} [{num(stats['min'])}–{num(stats['max'])}]"
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A Markdown table (cells converted with str; '|' escaped)."""
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], left: int = 1) -> str:
+    """A Markdown table (cells converted with str; '|' escaped); the first ``left`` columns aligned
+    left, the others right."""
     def cell(v: Any) -> str:
         return str(v).replace("|", "\\|").replace("\n", " ")
 
     lines = ["| " + " | ".join(map(cell, headers)) + " |",
-             "|" + "|".join("---" if i == 0 else "--:" for i in range(len(headers))) + "|"]
+             "|" + "|".join("---" if i < left else "--:" for i in range(len(headers))) + "|"]
     lines += ["| " + " | ".join(map(cell, row)) + " |" for row in rows]
     return "\n".join(lines)
 

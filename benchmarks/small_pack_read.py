@@ -35,7 +35,8 @@ from torch.utils.data import DataLoader  # noqa: E402
 
 from benchmarks.machine import rate, sample_files  # noqa: E402
 from packload import CenterCrop, PackedImageFolder, PackLoader, collate_uint8  # noqa: E402
-from packload.diagnose.measure import time_loader, usable_cores  # noqa: E402
+from packload.core.cpus import usable_cores  # noqa: E402
+from packload.diagnose.measure import time_loader  # noqa: E402
 from packload.loaders.decode import decode_array  # noqa: E402
 from packload.loaders.folder import FolderImages  # noqa: E402
 from packload.loaders.transforms import ResizeCenterCrop  # noqa: E402

@@ -13,7 +13,8 @@ from packload.loaders.dataset import PackedImageFolder
 from packload.loaders.decode import fast_jpeg_available
 from packload.loaders.pack_loader import PackLoader
 from packload.loaders.read import PackReader
-from packload.loaders.sampler import PackSampler, shuffle_quality
+from packload.loaders.sampler import PackSampler
+from packload.loaders.shuffle_quality import shuffle_quality
 
 __all__ = [
     "CenterCrop",

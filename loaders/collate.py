@@ -59,7 +59,7 @@ def collate_encoded(batch: Sequence[tuple[bytes | memoryview, Any]],
     One tensor's memory crosses from a worker to the training process instead of B pickled byte
     strings: the three are views of one buffer (offsets, labels, then the bytes), since each
     separate tensor costs a shared-memory segment and a file descriptor passed between processes
-    (three of them made a DataLoader of small batches 2-3x slower). It suits decoding on the GPU
+    (three of them slow a DataLoader of small batches down badly). It suits decoding on the GPU
     (for example nvJPEG) from the encoded bytes.
     """
     if not batch:

@@ -25,6 +25,7 @@ import torch
 from PIL import Image
 
 from packload.core import resize_kernel
+from packload.core.torch_private import resize_into
 from packload.loaders.collate import as_chw
 
 
@@ -100,19 +101,15 @@ def resize(square: torch.Tensor, out: torch.Tensor) -> None:
     torch's fast uint8 kernel runs when ``out`` is channels-last (a slot of a channels-last batch,
     written in place: no copy); it makes a channels-last copy of ``square`` itself when needed, with
     the GIL released. Same pixels as ``F.interpolate(..., mode="bilinear", antialias=True)``, which
-    is the fallback. The compiled kernel (``loaders/resize_kernel.py``), when built, takes it instead
-    for interleaved uint8 pixels: bit-exact with torch's kernel, about 3x faster."""
+    is the fallback. The compiled kernel (``packload/core/resize_kernel.py``), when built, takes it instead
+    for interleaved uint8 pixels: bit-exact with torch's kernel, and faster."""
     size = (out.shape[2], out.shape[3])
     if interleaved(square) and interleaved(out) and square.dtype == out.dtype == torch.uint8 \
             and square.device.type == out.device.type == "cpu" and resize_kernel.resize_region(
                 square.data_ptr(), square.stride(2), square.shape[2], square.shape[3], out.data_ptr(), out.stride(2),
                 size[0], size[1]):
-        return  # the compiled kernel: the same pixels, ~3x faster (loaders/resize_kernel.py)
-    if out.is_contiguous(memory_format=torch.channels_last):
-        try:
-            torch._C._nn._upsample_bilinear2d_aa(square, size, False, None, None, out=out)
-            return
-        except (AttributeError, TypeError, RuntimeError):  # an older or newer torch without this overload
-            pass
+        return  # the compiled kernel: the same pixels, faster (packload/core/resize_kernel.py)
+    if out.is_contiguous(memory_format=torch.channels_last) and resize_into(square, out):
+        return
     out.copy_(torch.nn.functional.interpolate(square, size=size, mode="bilinear", antialias=True,
                                               align_corners=False))

@@ -52,12 +52,15 @@ class PackedImageFolder(Dataset):
         on_error: ``raise`` a clear error for a damaged record, or ``skip`` it with a warning and
             return the next intact record in its place (so batches keep their size).
         fast_jpeg: use libjpeg-turbo (simplejpeg) for JPEGs when installed.
+        parallel_reads: read ahead from many threads at once (True), never (False), or only where
+            each read waits a round trip, on network and FUSE storage (None, decided once here).
     """
 
     def __init__(self, root: str | os.PathLike[str], transform: Callable[[Any], Any] | None = None,
                  target_transform: Callable[[int], Any] | None = None, *, output: str = "pil",
                  decode_size: tuple[int, int] | None = None, exif_transpose: bool = False,
-                 verify: bool = False, on_error: str = "raise", fast_jpeg: bool = True) -> None:
+                 verify: bool = False, on_error: str = "raise", fast_jpeg: bool = True,
+                 parallel_reads: bool | None = None) -> None:
         if output not in OUTPUTS:
             raise ValueError(f"unknown output {output!r}; choose one of {', '.join(OUTPUTS)}")
         if on_error not in ON_ERROR:
@@ -71,7 +74,8 @@ class PackedImageFolder(Dataset):
         self.verify = verify
         self.on_error = on_error
         self.fast_jpeg = fast_jpeg
-        reader = PackReader(self.root, check_index=verify)
+        reader = PackReader(self.root, check_index=verify, parallel_reads=parallel_reads)
+        self.parallel_reads: bool = reader.parallel_reads
         try:
             self._encoding: str = reader.encoding
             self.classes: list[str] = reader.classes
@@ -108,7 +112,8 @@ class PackedImageFolder(Dataset):
         return [self._sample(reader, i, view) for i, view in zip(positions.tolist(), views, strict=True)]
 
     def get_batch(self, indices: Sequence[int], channels_last: bool = False, *, crop: CenterCrop | None = None,
-                  pin_memory: bool = False, fast_idct: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                  pin_memory: bool = False, fast_idct: bool = False,
+                  out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Read, decode and stack a whole batch: ``(B×3×H×W uint8, B int64)`` in one call.
 
         The fast path for training loops (``PackLoader`` and ``batch_loader`` use it): every image
@@ -120,13 +125,9 @@ class PackedImageFolder(Dataset):
         ``pin_memory`` page-locked memory (when CUDA is available). ``fast_idct`` decodes JPEGs with
         libjpeg-turbo's fast integer IDCT (as FFCV does): a few percent faster, pixels about one level
         of 255 from the exact IDCT's on average, so no longer identical to the drop-in path's.
+        ``out``: a cropped batch is written into it when it has the batch's shape and layout (a batch
+        that nothing else refers to any more: ``PackLoader`` reuses its batches).
         """
-        return self._batch(indices, crop, channels_last, pin_memory, fast_idct=fast_idct)
-
-    def _batch(self, indices: Sequence[int], crop: CenterCrop | None, channels_last: bool, pin_memory: bool,
-               images: torch.Tensor | None = None, fast_idct: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """``get_batch``; a cropped batch is written into ``images`` when given (a batch of the same
-        shape and layout that nothing else refers to any more: ``PackLoader`` reuses its batches)."""
         reader = self.reader()
         positions = reader.positions(indices)
         if crop is None and self.transform is not None:  # the caller's transform decides the size
@@ -139,7 +140,7 @@ class PackedImageFolder(Dataset):
             except ChecksumError:
                 if self.on_error == "raise":
                     raise  # else decode record by record below, replacing the damaged ones
-        return self._decode_batch(reader, positions, crop, channels_last, pin, images if crop is not None else None,
+        return self._decode_batch(reader, positions, crop, channels_last, pin, out if crop is not None else None,
                                   fast_idct)
 
     def get_encoded_batch(self, indices: Sequence[int], *,
@@ -300,7 +301,7 @@ class PackedImageFolder(Dataset):
     def reader(self) -> PackReader:
         """This process's reader, opened on first use (and again after a fork or ``close``)."""
         if self._reader is None or self._reader.closed or self._reader.pid != os.getpid():
-            reader = PackReader(self.root, check_index=self.verify)
+            reader = PackReader(self.root, check_index=self.verify, parallel_reads=self.parallel_reads)
             if reader.identity != self._identity:
                 reader.close()
                 raise PackChangedError(f"{self.root}: now holds another pack than the one this dataset opened "

@@ -28,11 +28,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from packload.core.cpus import usable_cores
 from packload.core.threads import single_core_torch_pool
-from packload.diagnose.measure import usable_cores
+from packload.core.torch_private import storage_use_count, storage_use_count_available
 from packload.loaders.crop import CenterCrop
 from packload.loaders.dataset import PackedImageFolder
-from packload.loaders.prefetch import parallel_reads
 from packload.loaders.sampler import PackSampler
 
 _REMOTE_COPY_THREADS = 4  # threads copying batches on network and FUSE storage with no announcements (see __init__)
@@ -85,9 +85,9 @@ class PackLoader:
         copy_only = encoded or (self.crop is None and dataset.encoding == "raw" and not dataset.exif_transpose)
         if threads is None:  # copying needs no threads where the sampler announces the order: on a
             # local disk the kernel reads ahead, on network and FUSE storage the reader's own threads do
-            # (through benchmarks/slowfs.py at 2 ms: 0 threads 14.1k JPEGs/s, 4 threads 12.6k). Without
+            # (and extra threads here would only hand batches around). Without
             # announcements a batch's fetch there waits round trips, and a few threads overlap them.
-            unannounced = self.sampler.prefetch is None and parallel_reads(dataset.root)
+            unannounced = self.sampler.prefetch is None and dataset.parallel_reads
             threads = (_REMOTE_COPY_THREADS if unannounced else 0) if copy_only else usable_cores()
         self.threads = int(threads)
         if self.threads < 0:
@@ -178,7 +178,8 @@ class PackLoader:
         """One batch, in a pool thread (written into ``images`` when given)."""
         if self.encoded:
             return self.dataset.get_encoded_batch(indices, pin_memory=self.pin_memory)
-        return self.dataset._batch(indices, self.crop, self.channels_last, self.pin_memory, images, self.fast_idct)
+        return self.dataset.get_batch(indices, self.channels_last, crop=self.crop, pin_memory=self.pin_memory,
+                                      fast_idct=self.fast_idct, out=images)
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None or self._pool_pid != os.getpid():  # threads do not survive a fork
@@ -214,7 +215,7 @@ class _Spares:
     that is kept, or any part of it, is never overwritten. Pinned batches are left to torch's
     pinned-memory cache, which knows when a copy to the GPU has finished."""
 
-    supported = hasattr(torch._C, "_storage_Use_Count")
+    supported = storage_use_count_available()
     _KEEP = 4  # batches remembered: a loop may hold on to a few
     _unreferenced: tuple[int, int] | None = None  # (Python count, torch count) of a storage nobody else holds
 
@@ -226,7 +227,7 @@ class _Spares:
     @staticmethod
     def _counts(entry: tuple[torch.UntypedStorage, tuple[int, ...], tuple[int, ...]]) -> tuple[int, int]:
         storage = entry[0]
-        return sys.getrefcount(storage), torch._C._storage_Use_Count(storage._cdata)
+        return sys.getrefcount(storage), storage_use_count(storage) or 0
 
     def keep(self, images: torch.Tensor) -> None:
         """Remember a batch just handed out (its memory, not the tensor: holding the tensor would

@@ -13,7 +13,6 @@ import mmap
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -107,18 +106,6 @@ def read_ahead(piece: tuple[int, int, int], key: int, done: set[int]) -> None:
     if key not in done:  # a batch may have needed it first, and read it itself
         read_piece(piece)
         done.add(key)
-
-
-def parallel_reads(path: Path) -> bool:
-    """Whether to prefetch with parallel reads: on network and FUSE filesystems, unless
-    ``PACKLOAD_PARALLEL_READS`` is set to 0 (never) or 1 (always)."""
-    forced = os.environ.get("PACKLOAD_PARALLEL_READS")
-    if forced in ("0", "1"):
-        return forced == "1"
-    from packload.diagnose.machine import storage_facts
-
-    facts = storage_facts(str(path))
-    return bool(facts["network"] or facts["fuse"])
 
 
 class Prefetcher:

@@ -26,7 +26,8 @@ import numpy as np
 from packload.core.display import terminal_safe
 from packload.core.errors import ChecksumError, IncompletePackError, PackFormatError, UsageError
 from packload.core.format import INDEX_ENTRY, PAYLOAD_FORMATS, check_entries, entry_path
-from packload.loaders.prefetch import ParallelFetcher, Prefetcher, cut, distinct, parallel_reads
+from packload.core.storage import reads_wait
+from packload.loaders.prefetch import ParallelFetcher, Prefetcher, cut, distinct
 from packload.loaders.read_lmdb import LmdbPack
 from packload.loaders.read_shards import ShardsPack
 
@@ -57,9 +58,12 @@ def pack_identity(manifest: dict[str, Any]) -> str:
 class PackReader:
     """Read-only access to one pack: its manifest, its index and each record's payload."""
 
-    def __init__(self, path: str | os.PathLike[str], check_index: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike[str], check_index: bool = False,
+                 parallel_reads: bool | None = None) -> None:
         """``check_index``: compare the index with the manifest's sha256 before trusting it (what
-        ``verify=True`` readers do, so a damaged label, offset or orientation is an error too)."""
+        ``verify=True`` readers do, so a damaged label, offset or orientation is an error too).
+        ``parallel_reads``: fetch from 16 threads at once (True), never (False), or where each read
+        waits a round trip, on network and FUSE storage (None)."""
         self.path = Path(path)
         if self.path.name.endswith(".partial"):  # pack writes DEST.partial and renames it when done
             raise IncompletePackError(f"{self.path}: an unfinished pack (it did not finish, or was never renamed "
@@ -69,8 +73,10 @@ class PackReader:
         self.closed = False
         self._pack: ShardsPack | LmdbPack | None = None
         self._prefetcher: Prefetcher | None = None
-        # 16 threads of parallel reads on network and FUSE storage, none elsewhere; decided once.
-        self._fetcher = ParallelFetcher() if parallel_reads(self.path) else ParallelFetcher(0)
+        if parallel_reads is None:
+            parallel_reads = reads_wait(self.path)
+        self.parallel_reads = parallel_reads
+        self._fetcher = ParallelFetcher() if parallel_reads else ParallelFetcher(0)
         try:
             opener = ShardsPack if self.backend == "shards" else LmdbPack
             self._pack = opener(self.path, self._fetcher)
@@ -197,7 +203,7 @@ class PackReader:
     def _spans(self, indices: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(record numbers, parts, payload starts, payload ends) of ``indices``, after prefetching
         them. Every entry was checked to lie inside its part when the pack was opened. Reads single
-        index fields (gathering whole 64-byte entries costs ~10× more)."""
+        index fields (gathering whole 64-byte entries costs far more)."""
         positions = self.positions(indices)
         entries = self.entries
         parts = entries["part"][positions].astype(np.int64)

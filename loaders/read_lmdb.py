@@ -24,16 +24,15 @@ from packload.core.format import (
     INDEX_ENTRY,
     LMDB_INDEX_KEY,
     LMDB_MANIFEST_KEY,
-    MANIFEST_LIMIT,
+    PROGRESS_KEY,
     decode_index,
-    decode_manifest,
     lmdb_chunk_key,
 )
 from packload.core.lmdb_pages import LmdbLayout
+from packload.core.manifest import MANIFEST_LIMIT, decode_manifest
 from packload.core.safe_files import open_regular
 from packload.loaders.prefetch import PAGE, ParallelFetcher, cut, distinct
 
-PROGRESS_KEY = b"#progress"  # only in an unfinished pack (packer.write_lmdb)
 _MAGIC_AT, _LMDB_MAGIC = 16, (0xBEEFC0DE).to_bytes(4, "little")  # what every LMDB file starts with, after a page header
 
 

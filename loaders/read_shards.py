@@ -24,14 +24,15 @@ from packload.core.format import (
     FORMAT_VERSION,
     INDEX_ENTRY,
     INDEX_NAME,
-    MANIFEST_LIMIT,
     MANIFEST_NAME,
+    PROGRESS_NAME,
     SHARD_HEADER,
-    SHARD_MAGIC,
     check_entries_fit,
     decode_index,
-    decode_manifest,
+    decode_shard_header,
+    shard_number,
 )
+from packload.core.manifest import MANIFEST_LIMIT, decode_manifest
 from packload.core.safe_files import (
     FileChangedError,
     FileTooLargeError,
@@ -100,10 +101,10 @@ class ShardsPack:
         try:
             raw = read_regular(MANIFEST_NAME, limit=MANIFEST_LIMIT, dir_fd=self._dir)
         except FileNotFoundError:
-            if self._exists("progress.json") or self.path.name.endswith(".partial"):
+            if self._exists(PROGRESS_NAME) or self.path.name.endswith(".partial"):
                 raise IncompletePackError(f"{self.path}: no {MANIFEST_NAME}: this pack did not finish; "
                                           "finish it with `pack SRC DEST --resume`") from None
-            if any(name.startswith("shard-") and name.endswith(".bin") for name in os.listdir(self._dir)):
+            if any(shard_number(name) is not None for name in os.listdir(self._dir)):
                 raise IncompletePackError(f"{self.path}: {MANIFEST_NAME} is missing, so the pack cannot be "
                                           "trusted; copy it again in full, or pack the images again") from None
             raise UsageError(f"{self.path}: not a pack (no {MANIFEST_NAME}); give a folder that `pack` wrote") from None
@@ -167,13 +168,13 @@ class ShardsPack:
             head = os.pread(fd, SHARD_HEADER.itemsize, 0)
         finally:
             os.close(fd)
-        header = np.frombuffer(head, SHARD_HEADER, 1)[0] if len(head) >= SHARD_HEADER.itemsize else None
-        if header is None or bytes(header["magic"]) != SHARD_MAGIC or int(header["part"]) != part:
+        header = decode_shard_header(head)
+        if header is None or header[1] != part:
             mapped.close()
             raise PackFormatError(f"{path}: not shard {part} of this pack; the pack is damaged")
-        if int(header["version"]) != FORMAT_VERSION:
+        if header[0] != FORMAT_VERSION:
             mapped.close()
-            raise PackFormatError(f"{path}: shard format version {int(header['version'])}, this packload "
+            raise PackFormatError(f"{path}: shard format version {header[0]}, this packload "
                                   f"reads version {FORMAT_VERSION}; upgrade packload or re-pack")
         if len(self._maps) >= _MAPS_KEPT:  # the oldest map is freed (with its descriptor) once no view holds it
             del self._maps[next(iter(self._maps))]

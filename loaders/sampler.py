@@ -31,7 +31,7 @@ import numpy.random  # noqa: F401  (imported with the module, not on the first e
 import torch
 import torch.distributed as dist
 
-__all__ = ["PackSampler", "shuffle_quality"]
+__all__ = ["PackSampler"]
 
 ORDERS = ("block", "random", "sequential")
 UNEVEN_MODES = ("pad", "drop")
@@ -42,7 +42,7 @@ _HINT_HEAD = 256  # records announced first, before the first window (a few batc
 Prefetch = Union[str, "os.PathLike[str]", Callable[[np.ndarray], Any], None]
 
 
-def _check_int(name: str, value: Any, minimum: int) -> int:
+def check_int(name: str, value: Any, minimum: int) -> int:
     """Return ``value`` as an int, or raise a TypeError/ValueError that says what is expected."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
@@ -161,12 +161,12 @@ class PackSampler(torch.utils.data.Sampler[int]):
         super().__init__()
         if not isinstance(shuffle, bool):
             raise TypeError(f"shuffle must be a bool, got {type(shuffle).__name__} ({shuffle!r})")
-        self.num_records = _check_int("num_records", num_records, 0)
-        self.seed = _check_int("seed", seed, 0)
+        self.num_records = check_int("num_records", num_records, 0)
+        self.seed = check_int("seed", seed, 0)
         _check_choice("order", order, ORDERS)
         self.order = order if shuffle else "sequential"
-        self.block_size = _check_int("block_size", block_size, 1)
-        self.window_blocks = _check_int("window_blocks", window_blocks, 1)
+        self.block_size = check_int("block_size", block_size, 1)
+        self.window_blocks = check_int("window_blocks", window_blocks, 1)
         self.uneven = _check_choice("uneven", uneven, UNEVEN_MODES)
         self.rank, self.world_size = self._resolve_rank(rank, world_size)
         self._epoch = 0
@@ -197,8 +197,8 @@ class PackSampler(torch.utils.data.Sampler[int]):
     def _resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
         """Fill missing rank/world_size from torch.distributed and check 0 <= rank < world_size."""
         default_rank, default_world = _default_rank_world()
-        world_size = _check_int("world_size", default_world if world_size is None else world_size, 1)
-        rank = _check_int("rank", default_rank if rank is None else rank, 0)
+        world_size = check_int("world_size", default_world if world_size is None else world_size, 1)
+        rank = check_int("rank", default_rank if rank is None else rank, 0)
         if rank >= world_size:
             raise ValueError(
                 f"rank must satisfy 0 <= rank < world_size, got rank={rank}, world_size={world_size}; "
@@ -235,13 +235,13 @@ class PackSampler(torch.utils.data.Sampler[int]):
         A position loaded with :meth:`load_state_dict` is kept if ``epoch`` is the loaded epoch and
         discarded otherwise.
         """
-        self._epoch = _check_int("epoch", epoch, 0)
+        self._epoch = check_int("epoch", epoch, 0)
         if self._resume is not None and self._resume.epoch != self._epoch:
             self._resume = None
 
     def global_order(self, epoch: int | None = None) -> np.ndarray:
         """The order of all records for ``epoch`` (default: the current one), before the rank split."""
-        epoch = self._epoch if epoch is None else _check_int("epoch", epoch, 0)
+        epoch = self._epoch if epoch is None else check_int("epoch", epoch, 0)
         n = self.num_records
         if self.order == "sequential":
             return np.arange(n, dtype=np.int64)
@@ -372,8 +372,8 @@ class PackSampler(torch.utils.data.Sampler[int]):
                 f"{self.num_records} now; resume only over the same pack"
             )
         self._check_options(state["options"])
-        seed = _check_int("state['seed']", state["seed"], 0)
-        epoch = _check_int("state['epoch']", state["epoch"], 0)
+        seed = check_int("state['seed']", state["seed"], 0)
+        epoch = check_int("state['epoch']", state["epoch"], 0)
         position = self._check_position("state['position']", state["position"])
         self.seed, self._epoch = seed, epoch
         self._resume = _Cursor(epoch=epoch, start=position, position=position)
@@ -395,60 +395,7 @@ class PackSampler(torch.utils.data.Sampler[int]):
 
     def _check_position(self, name: str, value: Any) -> int:
         """Validate a position within this rank's epoch (0..len inclusive)."""
-        position = _check_int(name, value, 0)
+        position = check_int(name, value, 0)
         if position > len(self):
             raise ValueError(f"{name}={position} exceeds the {len(self)} samples this rank has per epoch")
         return position
-
-
-def _pair_counts(counts: np.ndarray) -> int:
-    """Number of unordered pairs among groups of the given sizes: sum of c*(c-1)/2."""
-    counts = counts.astype(np.int64)
-    return int((counts * (counts - 1) // 2).sum())
-
-
-def shuffle_quality(order: np.ndarray, labels: np.ndarray, batch_size: int) -> dict[str, float]:
-    """Measure how well ``order`` mixes classes when cut into consecutive batches of ``batch_size``.
-
-    Args:
-        order: record indices in the order they are read (e.g. ``PackSampler.epoch_order()``).
-        labels: label of each record, indexed by record index.
-        batch_size: batch size; the last batch may be short.
-
-    Returns floats:
-        same_class_pair_rate: fraction of sample pairs inside a batch that share a label (nan if no
-            batch holds two samples).
-        expected_full_shuffle: the same fraction expected under a full shuffle, from the label
-            frequencies of the samples in ``order``.
-        ratio: same_class_pair_rate / expected_full_shuffle (1.0 is as good as a full shuffle).
-        mean_abs_index_jump: mean |order[i+1] - order[i]| / len(labels) (about 1/3 for a full shuffle,
-            about 1/n for sequential reads).
-    """
-    order = np.asarray(order)
-    labels = np.asarray(labels)
-    batch_size = _check_int("batch_size", batch_size, 1)
-    if order.ndim != 1 or (order.size and not np.issubdtype(order.dtype, np.integer)):
-        raise TypeError(f"order must be a 1-D integer array, got shape {order.shape} dtype {order.dtype}")
-    if order.size and (order.min() < 0 or order.max() >= labels.shape[0]):
-        raise ValueError(f"order holds indices outside 0..{labels.shape[0] - 1} (the labels array)")
-    _, codes = np.unique(labels[order], return_inverse=True)
-    codes = codes.reshape(-1).astype(np.int64)
-    num_classes = int(codes.max()) + 1 if codes.size else 1
-    batch_ids = np.arange(order.size, dtype=np.int64) // batch_size
-    _, per_batch_class = np.unique(batch_ids * num_classes + codes, return_counts=True)
-    total_pairs = _pair_counts(np.bincount(batch_ids)) if order.size else 0
-    all_pairs = order.size * (order.size - 1) // 2
-    rate = _pair_counts(per_batch_class) / total_pairs if total_pairs else math.nan
-    expected = _pair_counts(np.bincount(codes)) / all_pairs if all_pairs else math.nan
-    if expected == 0.0:  # every label is unique: no order can pair equal labels
-        ratio = 1.0 if rate == 0.0 else math.nan
-    else:
-        ratio = rate / expected
-    jumps = np.abs(np.diff(order.astype(np.int64)))
-    jump = float(jumps.mean()) / labels.shape[0] if jumps.size else 0.0
-    return {
-        "same_class_pair_rate": float(rate),
-        "expected_full_shuffle": float(expected),
-        "ratio": float(ratio),
-        "mean_abs_index_jump": jump,
-    }

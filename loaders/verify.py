@@ -19,15 +19,16 @@ from tqdm import tqdm
 from packload.core.display import terminal_safe
 from packload.core.errors import PackFormatError
 from packload.core.format import (
+    LMDB_MANIFEST_KEY,
+    MANIFEST_NAME,
     PAYLOAD_FORMATS,
     decode_record_header,
     entry_path,
-    ignored_count,
-    skipped_count,
+    pack_size,
 )
+from packload.core.manifest import ignored_count, skipped_count
 from packload.loaders.decode import decode_pil
 from packload.loaders.read import PackReader
-from packload.packer.pipeline import pack_size
 
 HASH_BLOCK = 8 << 20
 
@@ -88,7 +89,7 @@ def file_problems(reader: PackReader, shards: bool = True, index: bool = True) -
 def manifest_problems(reader: PackReader) -> list[dict[str, str]]:
     """The manifest's counts must agree with the index (the manifest has no checksum of its own)."""
     manifest, entries = reader.manifest, reader.entries
-    name = "manifest.json" if reader.backend == "shards" else "#manifest"
+    name = MANIFEST_NAME if reader.backend == "shards" else LMDB_MANIFEST_KEY.decode()
     problems = []
     labels = entries["label"].astype(np.int64)
     per_class = np.bincount(labels[labels >= 0], minlength=len(reader.classes)).tolist()

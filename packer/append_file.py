@@ -19,7 +19,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from packload.packer.direct_file import DirectAppender, libc_function
+from packload.core.libc import libc_function
+from packload.packer.direct_file import DirectAppender
 
 BLOCK = 4 << 20
 MAX_PIECES = 4096  # records per block at most, however small

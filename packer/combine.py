@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
-import struct
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -24,18 +23,26 @@ import numpy as np
 
 from packload.core.errors import PackFormatError
 from packload.core.format import (
+    HEADER_BODY_AT,
+    HEADER_CRC_AT,
+    I32,
     INDEX_ENTRY,
     PAYLOAD_FORMATS,
     RECORD_HEADER,
+    RECORD_LABEL_AT,
     RECORD_MAGIC,
-    SHARD_MAGIC,
+    RECORD_NUMBER_AT,
+    SHARD_HEADER,
+    SHARD_PART_AT,
+    U32,
+    U64,
+    decode_shard_header,
     encode_index,
     shard_name,
 )
 from packload.packer.encode import Encoded
 
 _HEAD = RECORD_HEADER.itemsize
-_U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
 
 
 @dataclass
@@ -71,23 +78,24 @@ def _patch_shard(path: Path, part: int, rows: np.ndarray, first_record: int, new
     (they were numbered from ``first_record``), mapping labels; return its new SHA-256. With
     ``check`` each header is checked (magic, CRC, number) before it is rewritten."""
     with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0) as data:
-        if len(data) < 16 or data[:4] != SHARD_MAGIC:
+        if decode_shard_header(data[: SHARD_HEADER.itemsize]) is None:
             raise PackFormatError(f"{path}: not a packload shard; the pack is damaged")
-        struct.pack_into("<I", data, 8, part)
+        U32.pack_into(data, SHARD_PART_AT, part)
         offsets, path_lens = rows["record_offset"].tolist(), rows["path_len"].tolist()
         for i, (offset, path_len) in enumerate(zip(offsets, path_lens, strict=True)):
             end = offset + _HEAD + path_len
-            body = bytearray(data[offset + 8 : end])
-            if check and (data[offset : offset + 4] != RECORD_MAGIC or body[:8] != _U64.pack(first_record + i)
-                          or zlib.crc32(body) != _U32.unpack_from(data, offset + 4)[0]):
+            body = bytearray(data[offset + HEADER_BODY_AT : end])
+            if check and (data[offset : offset + len(RECORD_MAGIC)] != RECORD_MAGIC
+                          or U64.unpack_from(body, RECORD_NUMBER_AT - HEADER_BODY_AT)[0] != first_record + i
+                          or zlib.crc32(body) != U32.unpack_from(data, offset + HEADER_CRC_AT)[0]):
                 raise PackFormatError(f"{path}: record header at offset {offset} is damaged; "
                                       "run `packload verify` on this pack and copy or re-pack it")
-            _U64.pack_into(body, 0, new_first + i)
+            U64.pack_into(body, RECORD_NUMBER_AT - HEADER_BODY_AT, new_first + i)
             if mapping is not None:
-                label, = struct.unpack_from("<i", body, 20)
+                label, = I32.unpack_from(body, RECORD_LABEL_AT - HEADER_BODY_AT)
                 if label >= 0:
-                    struct.pack_into("<i", body, 20, int(mapping[label]))
-            data[offset + 4 : end] = _U32.pack(zlib.crc32(body)) + body
+                    I32.pack_into(body, RECORD_LABEL_AT - HEADER_BODY_AT, int(mapping[label]))
+            data[offset + HEADER_CRC_AT : end] = U32.pack(zlib.crc32(body)) + body
         data.flush()
         digest = hashlib.sha256(data).hexdigest()
         os.fsync(f.fileno())

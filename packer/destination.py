@@ -22,40 +22,39 @@ writer per destination, any other is refused at once. ``check_destination`` then
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
 import os
 import re
 import shutil
 import stat
-import struct
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import Any
 
-from packload.core.errors import UsageError, WriteError
+from packload.core.errors import PackFormatError, UsageError, WriteError
 from packload.core.format import (
     FORMAT_NAME,
+    INDEX_NAME,
     LMDB_CHUNK_PREFIX,
     LMDB_INDEX_KEY,
     LMDB_MANIFEST_KEY,
-    MANIFEST_LIMIT,
+    MANIFEST_NAME,
+    PROGRESS_KEY,
+    PROGRESS_NAME,
+    SHARD_NAME_PATTERN,
 )
+from packload.core.lmdb_meta import starts_as_lmdb
+from packload.core.lmdb_pages import file_keys
+from packload.core.manifest import MANIFEST_LIMIT
 from packload.core.safe_files import read_regular
-from packload.packer.lmdb_keys import lmdb_keys
-from packload.packer.write_lmdb import PROGRESS_KEY
-from packload.packer.write_shards import PROGRESS_NAME, fsync_dir
+from packload.packer.write_shards import fsync_dir
 
 PARTIAL_SUFFIX = ".partial"
 LOCK_SUFFIX = ".lock"
 LMDB_LOCK_SUFFIX = "-lock"  # the lock file LMDB keeps beside a file it writes
-_LMDB_MAGIC = 0xBEEFC0DE  # in the meta page that starts every LMDB data file, after its 16-byte header
-_PACK_FILE = re.compile(r"(manifest\.json|index\.bin|progress\.json|shard-\d{5,}\.bin)(\.tmp)?")
+_PACK_FILE = re.compile(f"({'|'.join(map(re.escape, (MANIFEST_NAME, INDEX_NAME, PROGRESS_NAME)))}|{SHARD_NAME_PATTERN})"
+                        r"(\.tmp)?")
 _TASK_DIR = re.compile(r"task-\d{5,}|\.input-\d+")  # Ray's task folders, merge's staging folders
 _OUR_KEYS = (LMDB_MANIFEST_KEY, LMDB_INDEX_KEY, PROGRESS_KEY)
-_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 def partial_path(dst: Path) -> Path:
@@ -202,7 +201,7 @@ def _folder_problem(folder: Path, partial: bool) -> str | None:
         return f"cannot be read ({system_reason(exc)})"
     if partial:
         return None
-    if "manifest.json" in names and _is_our_json(folder / "manifest.json", "format"):
+    if MANIFEST_NAME in names and _is_our_json(folder / MANIFEST_NAME, "format"):
         return None
     if PROGRESS_NAME in names and _is_our_json(folder / PROGRESS_NAME, "options"):
         return None
@@ -215,10 +214,10 @@ def _lmdb_problem(path: Path, size: int, partial: bool) -> str | None:
         return None if partial else "is an empty file"
     try:
         with open(path, "rb") as f:
-            head = f.read(24)
+            head = f.read(4096)
     except OSError as exc:
         return f"cannot be read ({system_reason(exc)})"
-    if len(head) < 20 or struct.unpack_from("<I", head, 16)[0] != _LMDB_MAGIC:
+    if not starts_as_lmdb(head):
         return "is a file but not an LMDB file"
     import lmdb
 
@@ -243,15 +242,11 @@ def _lmdb_problem(path: Path, size: int, partial: bool) -> str | None:
 
 
 def _keys_problem(path: Path, partial: bool, error: Exception) -> str | None:
-    """``_lmdb_problem`` from the file's keys alone, read from its pages (``packer.lmdb_keys``):
+    """``_lmdb_problem`` from the file's keys alone, read from its pages (``lmdb_pages.file_keys``):
     for a file that py-lmdb would not open (``error``)."""
-    keys: set[bytes] = set()
     try:
-        for key in lmdb_keys(path):
-            if key > PROGRESS_KEY and not partial:
-                break  # keys come in order: none that is looked for can follow
-            keys.add(key)
-    except (OSError, ValueError) as exc:
+        keys = set(file_keys(str(path)))
+    except (OSError, PackFormatError) as exc:
         return f"cannot be opened as LMDB ({system_reason(error)}; {exc})"
     if LMDB_MANIFEST_KEY in keys or PROGRESS_KEY in keys or (partial and all(map(_our_key, keys))):
         return None
@@ -353,86 +348,3 @@ def publish(tmp: Path, dst: Path) -> None:
     fsync_dir(dst.parent if str(dst.parent) else Path("."))
     if old is not None:
         remove_ours(old)
-
-
-# -- one writer per destination ---------------------------------------------------------------
-class DestinationLock:
-    """An exclusive ``flock`` on ``DEST.lock`` (which holds the owner's pid, for the message), held
-    while a command writes ``DEST``; a second command is refused at once, never kept waiting.
-
-    The lock file is removed on release, while still locked. A command that opened the file just
-    before that then locks an unlinked file, so after locking each command checks that the path
-    still names the file it locked, and starts again if not."""
-
-    def __init__(self, dst: Path) -> None:
-        self.dst = dst
-        self.path = lock_path(dst)
-        self._fd: int | None = None
-
-    def acquire(self) -> None:
-        """Take the lock, or raise ``UsageError`` naming the command that holds it."""
-        while True:
-            try:
-                fd = os.open(self.path, _LOCK_FLAGS, 0o644)
-            except OSError as exc:
-                raise self._open_error(exc) from None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
-                owner = _read_pid(fd)
-                os.close(fd)
-                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise WriteError(f"{self.path}: cannot lock it ({system_reason(exc)}); choose a destination "
-                                     "on a file system that supports file locks") from None
-                raise UsageError(f"another packload command (pid {owner}) is writing {self.dst}; "
-                                 "wait for it to finish") from None
-            if self._still_named(fd):
-                break
-            os.close(fd)  # removed or replaced by its last owner meanwhile: lock the file there now
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._fd = fd
-
-    def _open_error(self, exc: OSError) -> Exception:
-        if exc.errno == errno.ELOOP:
-            return UsageError(f"{self.path}: is a symbolic link, where packload keeps the lock of {self.dst}; "
-                              "remove it")
-        return WriteError(f"{self.dst}: cannot create its lock file {self.path.name} ({system_reason(exc)}); "
-                          "choose a destination in a folder you can write to")
-
-    def _still_named(self, fd: int) -> bool:
-        try:
-            named = os.stat(self.path, follow_symlinks=False)
-        except FileNotFoundError:
-            return False
-        mine = os.fstat(fd)
-        return (named.st_dev, named.st_ino) == (mine.st_dev, mine.st_ino)
-
-    def release(self) -> None:
-        """Remove the lock file, then let go of the lock."""
-        if self._fd is None:
-            return
-        try:
-            if self._still_named(self._fd):
-                os.unlink(self.path)
-        except OSError:
-            pass  # a lock file left behind is harmless: the next command locks it
-        finally:
-            os.close(self._fd)
-            self._fd = None
-
-    def __enter__(self) -> DestinationLock:
-        self.acquire()
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.release()
-
-
-def _read_pid(fd: int) -> Any:
-    try:
-        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-    except OSError:
-        text = ""
-    return text if text.isdigit() else "unknown"

@@ -2,7 +2,7 @@
 page cache.
 
 Written through the page cache, every byte of a pack costs the kernel a copy into freshly allocated
-cache pages: for 2.9 GB of raw pixels, 2-5 s of CPU on two cores, a fifth of the whole pack's time.
+cache pages, a large share of the CPU time of packing raw pixels.
 A pack is written once and read later (often on another machine), so caching it buys nothing, and
 it pushes the user's own files out of the cache. Here each byte is copied once, in user space (numpy,
 GIL released), into a page-aligned staging buffer, and whole 4 KiB blocks go to the disk from there.
@@ -28,27 +28,16 @@ import mmap
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
+
+from packload.core.libc import libc_function
 
 ALIGN = 4096  # O_DIRECT needs offsets, lengths and addresses aligned to the device's block size (≤ 4 KiB)
 STAGE = 8 << 20  # bytes staged before they are written (a multiple of ALIGN)
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 # statfs f_type of local disk file systems: ext2/3/4, XFS, Btrfs, F2FS, ZFS, bcachefs, overlayfs
 LOCAL_DISK_FS = frozenset((0xEF53, 0x58465342, 0x9123683E, 0xF2F52010, 0x2FC12FC1, 0xCA451A4E, 0x794C7630))
-
-
-def libc_function(name: str, argtypes: list[Any], restype: Any = ctypes.c_int) -> Any:
-    """The C library's function ``name`` with its signature set, or None where there is none (not
-    Linux/glibc): the callers then do without it."""
-    try:
-        function = getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True), name)
-    except (OSError, AttributeError):
-        return None
-    function.argtypes = argtypes
-    function.restype = restype
-    return function
 
 
 _statfs = libc_function("statfs", [ctypes.c_char_p, ctypes.c_void_p])  # None: no direct writes

@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from stat import S_ISREG
-from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -218,7 +217,7 @@ def resize_rgb(pixels: np.ndarray, target: tuple[int, int]) -> np.ndarray:
     pixels. Its output is written straight into an HxWx3 array (channels-last), which is the layout
     the kernel works in and what the encoders take. Where packload's compiled kernel applies (shrinks
     of up to 2x, the common case of ``--max-side`` on photos), it gives the same pixels as PyTorch's
-    kernel 2-3x faster. Enlarging (``--size`` past the source) uses PIL.
+    kernel, faster. Enlarging (``--size`` past the source) uses PIL.
     """
     width, height = target
     if width > pixels.shape[1] or height > pixels.shape[0]:
@@ -232,19 +231,13 @@ def resize_rgb(pixels: np.ndarray, target: tuple[int, int]) -> np.ndarray:
     import torch  # on first use, not at import: it takes a second or two, and `keep` packs never need it
 
     batch = torch.from_numpy(pixels).permute(2, 0, 1).unsqueeze(0)  # NCHW view of HWC memory
-    global _resize_into
-    if _resize_into is None:
-        _resize_into = _channels_last_resize(torch)
-    if _resize_into:
-        try:
-            _resize_into(batch, [height, width], False, None, None,
-                         out=torch.from_numpy(out).permute(2, 0, 1).unsqueeze(0))
-            return out
-        except (RuntimeError, TypeError):  # a torch that does not take this: the public call below
-            _resize_into = False
+    from packload.core.torch_private import resize_into
+
+    if resize_into(batch, torch.from_numpy(out).permute(2, 0, 1).unsqueeze(0), _TORCH_MODE[RESIZE]):
+        return out
     planes = torch.nn.functional.interpolate(batch, size=(height, width), mode=_TORCH_MODE[RESIZE],
                                              antialias=True)[0].numpy()
-    for channel in range(RAW_CHANNELS):  # one plane at a time: 4x faster than one strided copy
+    for channel in range(RAW_CHANNELS):  # one plane at a time: far faster than one strided copy
         out[..., channel] = planes[channel]
     return out
 
@@ -255,19 +248,6 @@ def resize_rgb(pixels: np.ndarray, target: tuple[int, int]) -> np.ndarray:
 # size) the two differ by a few grey levels at edges.
 RESIZE = Image.Resampling.BILINEAR
 _TORCH_MODE = {Image.Resampling.BILINEAR: "bilinear", Image.Resampling.BICUBIC: "bicubic"}
-_resize_into: Any = None  # the kernel's out= form, once looked up; False where this torch lacks it
-
-
-def _channels_last_resize(torch: Any) -> Any:
-    """PyTorch's antialiased uint8 kernel for ``RESIZE`` in the form that writes into a given output
-    (``interpolate`` itself returns planar NCHW, and laying that out as HxWx3 costs a third of the
-    resize); False if this torch has no such operator."""
-    name = f"_upsample_{_TORCH_MODE[RESIZE]}2d_aa"
-    try:
-        return getattr(torch.ops.aten, name).out
-    except (AttributeError, RuntimeError):
-        return False
-
 
 # Non-blocking: a FIFO that took a file's place since the scan must not stop the open; no
 # controlling terminal from a terminal device either.

@@ -1,24 +1,26 @@
 """Collect index entries and paths as records are written, for either backend.
 
 Each entry is packed to its 64 bytes as it is added (one ``struct`` call), so a pack of a million
-files holds its index in 64 MB plus the paths, and finishing it is one copy. ``add_record`` also builds the record's header, in one pass over the record's fields: the writers'
-per-record cost is most of what packing small files costs.
+files holds its index in 64 MB plus the paths, and finishing it is one copy. ``add_record`` also
+builds the record's header, in one pass over the record's fields: the writers' per-record cost is
+most of what packing small files costs.
 """
 
 from __future__ import annotations
 
-import struct
 import zlib
 
 import numpy as np
 
 from packload.core.errors import PackFormatError
 from packload.core.format import (
-    _HEADER_BODY,
     FORMAT_CODE,
     INDEX_ENTRY,
+    INDEX_ENTRY_STRUCT,
     RECORD_HEADER,
+    RECORD_HEADER_BODY,
     RECORD_MAGIC,
+    U32,
     RecordMeta,
     encode_index,
     index_entry,
@@ -27,9 +29,6 @@ from packload.packer.encode import Encoded
 
 _HEADER_SIZE = RECORD_HEADER.itemsize
 _OTHER = FORMAT_CODE["other"]
-_U32 = struct.Struct("<I")
-_ENTRY = struct.Struct("<IiQQQIIIQHBB8s")  # INDEX_ENTRY's layout, field for field
-assert _ENTRY.size == INDEX_ENTRY.itemsize
 
 
 class IndexBuilder:
@@ -45,7 +44,7 @@ class IndexBuilder:
         """Note that ``meta``'s record was written at ``record_offset`` of ``part``."""
         if meta.record != self.count:
             raise ValueError(f"record {meta.record} added out of order (expected {self.count})")
-        self._entries += _ENTRY.pack(*index_entry(meta, part, record_offset, payload_len, payload_crc,
+        self._entries += INDEX_ENTRY_STRUCT.pack(*index_entry(meta, part, record_offset, payload_len, payload_crc,
                                                   len(self._paths)))
         self._paths += meta.path.encode("utf-8")
         self.count += 1
@@ -61,15 +60,15 @@ class IndexBuilder:
             raise PackFormatError(f"{path[:80]}...: path longer than 65535 bytes; shorten it")
         code = FORMAT_CODE.get(fmt, _OTHER)
         mode_bytes = mode.encode("ascii")
-        body = _HEADER_BODY.pack(self.count, payload_len, payload_crc, label, width, height, path_len, code,
+        body = RECORD_HEADER_BODY.pack(self.count, payload_len, payload_crc, label, width, height, path_len, code,
                                  orientation, mode_bytes, 0)
-        self._entries += _ENTRY.pack(part, label, record_offset + _HEADER_SIZE + path_len, payload_len,
+        self._entries += INDEX_ENTRY_STRUCT.pack(part, label, record_offset + _HEADER_SIZE + path_len, payload_len,
                                      record_offset, payload_crc, width, height, len(self._paths), path_len, code,
                                      orientation, mode_bytes)
         self._paths += path_bytes
         self.count += 1
         self.payload_bytes += payload_len
-        return b"".join((RECORD_MAGIC, _U32.pack(zlib.crc32(path_bytes, zlib.crc32(body))), body, path_bytes))
+        return b"".join((RECORD_MAGIC, U32.pack(zlib.crc32(path_bytes, zlib.crc32(body))), body, path_bytes))
 
     def add_many(self, items: list[Encoded], first: int, part: int, offset: int, limit: int,
                  empty: bool) -> tuple[list[bytes], int, int]:
@@ -82,7 +81,7 @@ class IndexBuilder:
         pieces: list[bytes] = []
         entries, paths = self._entries, self._paths
         count, payload_bytes, paths_len = self.count, self.payload_bytes, len(paths)
-        pack_body, pack_entry, pack_u32, crc32 = _HEADER_BODY.pack, _ENTRY.pack, _U32.pack, zlib.crc32
+        pack_body, pack_entry, pack_u32, crc32 = RECORD_HEADER_BODY.pack, INDEX_ENTRY_STRUCT.pack, U32.pack, zlib.crc32
         codes, magic, head_size = FORMAT_CODE, RECORD_MAGIC, _HEADER_SIZE
         modes: dict[str, bytes] = {}
         position = first
@@ -130,5 +129,5 @@ class IndexBuilder:
         return np.frombuffer(self._entries, INDEX_ENTRY)["label"].astype(np.int64)
 
     def to_bytes(self) -> bytes:
-        """The index blob described in ``packer.format``."""
+        """The index blob described in ``packload.core.format``."""
         return encode_index(np.frombuffer(bytes(self._entries), INDEX_ENTRY), bytes(self._paths))

@@ -23,15 +23,16 @@ from typing import Any
 import lmdb
 from tqdm import tqdm
 
+from packload.core.cpus import usable_cores
 from packload.core.display import terminal_safe
 from packload.core.errors import PackFormatError, SkippedFileError, UsageError, WriteError
-from packload.core.format import RecordMeta, build_manifest, ignored_count, skipped_count
+from packload.core.format import RecordMeta, pack_size
+from packload.core.manifest import build_manifest, ignored_count, skipped_count
 from packload.core.scan import Sample, ScanResult, printable, scan_folder
 from packload.core.threads import single_core_torch_pool
 from packload.core.workers import process_pool
 from packload.packer import encode
 from packload.packer.destination import (
-    DestinationLock,
     check_apart,
     check_destination,
     check_name,
@@ -44,6 +45,7 @@ from packload.packer.destination import (
     remove_ours,
     system_reason,
 )
+from packload.packer.destination_lock import DestinationLock
 from packload.packer.encode import Encoded, EncodeOptions, Skipped, encode_chunk
 from packload.packer.write_lmdb import LmdbWriter
 from packload.packer.write_shards import ShardsWriter
@@ -67,14 +69,6 @@ def backend_for(dst: Path, backend: str | None) -> str:
     if backend not in ("lmdb", "shards"):
         raise UsageError(f"unknown --format {backend!r}; choose lmdb or shards")
     return backend
-
-
-def available_cpus() -> int:
-    """CPUs this process may use (affinity-aware), at least 1."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:
-        return max(1, os.cpu_count() or 1)
 
 
 def _kept_source_bytes(scan: ScanResult, start: int, skipped: list[dict[str, Any]]) -> int:
@@ -109,7 +103,7 @@ def use_threads(options: EncodeOptions, samples: Sequence[Sample] = ()) -> bool:
     mostly JPEGs (judged by the names of ``samples``) with libjpeg-turbo (``simplejpeg``), whose
     decoder and encoder release the GIL like the resize does; threads also spare pickling every
     payload back to the writer. Other images are decoded by PIL, which holds the GIL for much of
-    the work on small images: processes there (50,000 32x32 PNGs to raw: 3.7-4.3 s against 9.3 s)."""
+    the work on small images: processes there."""
     if io_bound(options):
         return True
     if options.encoding == "keep" or encode.simplejpeg is None:
@@ -119,7 +113,7 @@ def use_threads(options: EncodeOptions, samples: Sequence[Sample] = ()) -> bool:
     return not names or 2 * sum(name.endswith(JPEG_SUFFIXES) for name in names) >= len(names)
 
 
-def _encoded_stream(root: Path, samples: list[Sample], start: int, options: EncodeOptions,
+def encoded_stream(root: Path, samples: list[Sample], start: int, options: EncodeOptions,
                     workers: int) -> Iterator[Encoded | Skipped]:
     """Encode ``samples[start:]`` in order, on ``workers`` threads (see ``use_threads``) or
     processes, with bounded memory."""
@@ -129,7 +123,7 @@ def _encoded_stream(root: Path, samples: list[Sample], start: int, options: Enco
 
 def _encoded_chunks(root: Path, samples: list[Sample], start: int, options: EncodeOptions,
                     workers: int) -> Iterator[list[Encoded | Skipped]]:
-    """``_encoded_stream`` a run of consecutive samples at a time (each ``CHUNK_FILES`` long).
+    """``encoded_stream`` a run of consecutive samples at a time (each ``CHUNK_FILES`` long).
 
     Reading and checking files that the page cache holds takes a few microseconds of Python per
     file, and handing each run over between threads costs more than that (every read gives up the
@@ -230,7 +224,7 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: s
     src_path, dst_path = Path(src), Path(dst)
     options = options or EncodeOptions()
     backend = backend_for(dst_path, backend)
-    workers = available_cpus() if workers is None else workers
+    workers = usable_cores() if workers is None else workers
     if workers < 1:
         raise UsageError(f"--workers {workers}: give at least 1")
     if shard_size < 1 << 16:
@@ -353,13 +347,6 @@ def write_or_skip(item: Encoded | Skipped, pos: int, root: Path, writer: ShardsW
         return 0
     writer.write(item)
     return item.source_bytes
-
-
-def pack_size(path: Path) -> int:
-    """Bytes the pack takes: the LMDB file, or every file of the shards folder."""
-    if path.is_dir():
-        return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
-    return path.stat().st_size
 
 
 def _write_all(scan: ScanResult, writer: ShardsWriter | LmdbWriter, start: int, skipped: list[dict[str, Any]],

@@ -29,21 +29,11 @@ from tqdm import tqdm
 
 from packload.core.display import terminal_safe
 from packload.core.errors import PackloadError, UsageError
-from packload.core.format import (
-    FORMAT_NAME,
-    FORMAT_VERSION,
-    INDEX_NAME,
-    MANIFEST_NAME,
-    build_manifest,
-    decode_index,
-    encode_manifest,
-    ignored_count,
-    skipped_count,
-)
+from packload.core.format import INDEX_NAME, MANIFEST_NAME, pack_size
+from packload.core.manifest import build_manifest, encode_manifest, ignored_count, skipped_count
 from packload.core.scan import Sample, ScanResult, printable, scan_folder
-from packload.packer.combine import ShardPayloads, ShardSource, copy_records, joined_index, place_shards
+from packload.packer.combine import ShardPayloads, ShardSource, copy_records, joined_index
 from packload.packer.destination import (
-    DestinationLock,
     check_apart,
     check_destination,
     check_name,
@@ -55,24 +45,20 @@ from packload.packer.destination import (
     publish,
     remove_ours,
 )
+from packload.packer.destination_lock import DestinationLock
 from packload.packer.encode import EncodeOptions
 from packload.packer.pipeline import (
     DEFAULT_SHARD_SIZE,
     LMDB_MAP_PER_FILE,
-    _encoded_stream,
     backend_for,
-    io_bound,
-    pack_size,
-    write_or_skip,
 )
+from packload.packer.ray_tasks import pack_range, place_task, task_name, task_source
 from packload.packer.write_lmdb import LmdbWriter
-from packload.packer.write_shards import ShardsWriter, fsync_dir, write_file_atomic
+from packload.packer.write_shards import fsync_dir, write_file_atomic
 
 INSTALL_HINT = '--engine ray needs Ray, which is not installed; pip install "packload[ray]"'
-MIN_TASK_FILES = 5000  # files per task at least: each task costs ~20-40 ms (BENCHMARKS.md, Packing on Ray)
+MIN_TASK_FILES = 5000  # files per task at least: each task has a fixed cost (scheduling, start-up)
 TASKS_PER_CPU = 2  # ranges per CPU of the cluster by default: balance without many small shards
-IO_THREADS = 2  # threads per task when encoding is reading and checking only
-FAULT_ENV = "PACKLOAD_RAY_FAULT"  # tests only: a file "TASK [once]" makes that task fail
 
 
 def _import_ray() -> Any:
@@ -81,101 +67,6 @@ def _import_ray() -> Any:
     except ImportError:
         raise UsageError(INSTALL_HINT) from None
     return ray
-
-
-def _task_name(k: int) -> str:
-    return f"task-{k:05d}"
-
-
-def _fault_point(task: int) -> None:
-    """Fail on purpose when the test hook names this task (lets tests exercise Ray's retries)."""
-    marker = os.environ.get(FAULT_ENV)
-    if not marker or not os.path.exists(marker):
-        return
-    words = Path(marker).read_text().split()
-    if words and int(words[0]) == task:
-        if "once" in words[1:]:
-            os.unlink(marker)
-        raise OSError(f"injected failure in task {task} ({FAULT_ENV})")
-
-
-class _NoDigest:
-    """Stands in for SHA-256 while writing shards that are hashed again once renumbered."""
-
-    def update(self, data: bytes) -> None:
-        pass
-
-    def hexdigest(self) -> str:
-        return ""  # place_shards hashes a shard whose digest is unknown
-
-
-class _UnhashedShardsWriter(ShardsWriter):
-    """A ``ShardsWriter`` that skips hashing: the shards of every range but the first get new part
-    and record numbers, so their final SHA-256 is computed then (``place_shards``)."""
-
-    def _open_part(self, part: int) -> None:
-        super()._open_part(part)
-        self._file.digest = _NoDigest()
-
-
-def _check_shared(root: str, folder: Path) -> None:
-    """Refuse at once (no retries) a node that does not see the source or the destination."""
-    import socket
-
-    for needed in (Path(root), folder.parent):
-        if not needed.is_dir():
-            raise UsageError(f"{needed}: not found on node {socket.gethostname()}; --engine ray needs the source "
-                             "and the destination on storage every node sees, at the same path")
-
-
-def pack_range(task: int, root: str, samples: list[Sample], first_pos: int, classes: list[str],
-               options: EncodeOptions, out: str, shard_size: int, strict: bool, hashed: bool = True) -> dict[str, Any]:
-    """One Ray task: pack ``samples`` (scan positions from ``first_pos``) into the shards pack
-    ``out``, starting afresh (a retry overwrites a failed attempt); ``hashed=False`` leaves the
-    shards' SHA-256 to be computed later. Returns its counts and times."""
-    started, cpu_started = time.perf_counter(), time.process_time()
-    folder = Path(out)
-    _check_shared(root, folder)
-    if folder.exists():
-        shutil.rmtree(folder)
-    folder.mkdir()
-    _fault_point(task)
-    writer = (ShardsWriter if hashed else _UnhashedShardsWriter)(folder, shard_size)
-    skipped: list[dict[str, Any]] = []
-    source_bytes = 0
-    # Reading and checking only (keep, fast check) waits on the disk with the GIL released: a few
-    # threads keep one CPU busy, as in the local engine. Re-encoding stays on this task's one CPU.
-    threads = IO_THREADS if io_bound(options) else 1
-    try:
-        for pos, item in enumerate(_encoded_stream(Path(root), samples, 0, options, threads), first_pos):
-            source_bytes += write_or_skip(item, pos, Path(root), writer, skipped, strict)
-        encode_seconds = time.perf_counter() - started
-        # A task folder is a small pack of its own (its manifest is replaced by the driver's).
-        writer.finish({"format": FORMAT_NAME, "version": FORMAT_VERSION, "backend": "shards",
-                       "encoding": options.encoding, "records": writer.index.count, "classes": classes,
-                       "skipped": skipped})
-    finally:
-        writer.close()
-    return {"task": task, "records": writer.index.count, "parts": writer.parts, "skipped": skipped,
-            "source_bytes": source_bytes, "payload_bytes": writer.index.payload_bytes,
-            "seconds": time.perf_counter() - started, "encode_seconds": encode_seconds,
-            "cpu_seconds": time.process_time() - cpu_started}
-
-
-def place_task(folder: str, out: str, part_base: int, record_base: int) -> dict[str, Any]:
-    """One Ray task: move a finished task's shards into the pack, renumbered (see ``place_shards``).
-    Returns their manifest entries and the CPU time it took."""
-    cpu_started = time.process_time()
-    parts = place_shards(_source(Path(folder)), Path(out), part_base, record_base, move=True)
-    return {"parts": parts, "cpu_seconds": time.process_time() - cpu_started}
-
-
-def _source(folder: Path) -> ShardSource:
-    import json
-
-    manifest = json.loads((folder / MANIFEST_NAME).read_bytes())
-    entries, paths = decode_index((folder / INDEX_NAME).read_bytes(), str(folder / INDEX_NAME))
-    return ShardSource(folder, manifest["parts"], entries, paths)
 
 
 def split_ranges(count: int, task_files: int) -> list[tuple[int, int]]:
@@ -285,7 +176,7 @@ def _pack_on_ray(ray: Any, started: float, scan: ScanResult, dst_path: Path, tmp
         if records == 0:
             raise UsageError(f"{scan.root}: none of the {len(scan.samples)} image files could be packed "
                              f"(first problem: {skipped[0]['path']}: {skipped[0]['reason']})")
-        sources = [_source(staging / _task_name(r["task"])) for r in results]
+        sources = [task_source(staging / task_name(r["task"])) for r in results]
         part_bases = np.cumsum([0] + [len(s.parts) for s in sources])[:-1].tolist()
         index, labels = joined_index(sources, part_bases)
         manifest = build_manifest(
@@ -361,7 +252,7 @@ class _Tasks:
             # Only the first range keeps its numbers (and so its hashes) in a shards pack.
             hashed = k == 0 and self.place_into is not None
             ref = packer_task.remote(k, root, self.scan.samples[a:b], a, self.scan.classes, options,
-                                     str(self.staging / _task_name(k)), shard_size, strict, hashed)
+                                     str(self.staging / task_name(k)), shard_size, strict, hashed)
             self._pending[ref] = ("pack", k)
         bar = tqdm(total=len(self.scan.samples), unit="img", disable=not progress, dynamic_ncols=True,
                    desc=f"pack {terminal_safe(self.scan.root.name)} ({len(self.ranges)} Ray tasks)")
@@ -389,7 +280,7 @@ class _Tasks:
         placer = self.ray.remote(num_cpus=1, max_retries=self.max_retries, retry_exceptions=[OSError])(place_task)
         while self._next_place in self.results:
             k, result = self._next_place, self.results[self._next_place]
-            ref = placer.remote(str(self.staging / _task_name(k)), str(self.place_into), self._part_base,
+            ref = placer.remote(str(self.staging / task_name(k)), str(self.place_into), self._part_base,
                                 self._record_base)
             self._pending[ref] = ("place", k)
             self._part_base += len(result["parts"])

@@ -18,7 +18,6 @@ import ctypes
 import io
 import math
 import multiprocessing
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,8 @@ import numpy as np
 from PIL import Image, ImageDraw
 from tqdm import tqdm
 
+from packload.core.cpus import usable_cores
+from packload.core.libc import libc_function
 from packload.core.workers import die_with_parent, worker_parent
 
 __all__ = ["make_cifar_like", "make_imagenet_like"]
@@ -269,24 +270,15 @@ def _worker_init(parent: int | None) -> None:
     freed image-sized buffers in the worker's heap (glibc only).
 
     Each image allocates and frees a few MB of numpy temporaries; by default glibc
-    returns them to the OS every time, and the page faults on re-use cost ~25% of the
-    run time. Raising the mmap and trim thresholds avoids that. Only done in worker
+    returns them to the OS every time, and the page faults on re-use cost a large share
+    of the run time. Raising the mmap and trim thresholds avoids that. Only done in worker
     processes we own, never in the caller's process; silently skipped elsewhere.
     """
     die_with_parent(parent)
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 64 << 20)  # M_MMAP_THRESHOLD
-        libc.mallopt(-1, 256 << 20)  # M_TRIM_THRESHOLD
-    except (OSError, AttributeError):
-        pass
-
-
-def _default_workers() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
+    mallopt = libc_function("mallopt", [ctypes.c_int, ctypes.c_int])
+    if mallopt is not None:
+        mallopt(-3, 64 << 20)  # M_MMAP_THRESHOLD
+        mallopt(-1, 256 << 20)  # M_TRIM_THRESHOLD
 
 
 def _chunks(count: int, workers: int) -> Iterator[tuple[int, int]]:
@@ -326,7 +318,7 @@ def _generate(
     for name in names[: min(classes, count)]:
         (out / name).mkdir(parents=True, exist_ok=True)
 
-    n_workers = workers if workers is not None else _default_workers()
+    n_workers = workers if workers is not None else usable_cores()
     jobs = [_Job(kind, str(out), seed, count, classes, a, b) for a, b in _chunks(count, n_workers)]
     n_workers = min(n_workers, len(jobs))
     with tqdm(total=count, desc=desc, unit="img", disable=not progress) as bar:

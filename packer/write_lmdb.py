@@ -25,22 +25,22 @@ from packload.core.format import (
     LMDB_CHUNK_PREFIX,
     LMDB_INDEX_KEY,
     LMDB_MANIFEST_KEY,
+    PROGRESS_KEY,
     RECORD_HEADER,
     RecordMeta,
     decode_record_header,
-    encode_manifest,
     lmdb_chunk_key,
 )
+from packload.core.manifest import encode_manifest
 from packload.packer.append_file import start_writeback
 from packload.packer.encode import Encoded
 from packload.packer.index_builder import IndexBuilder
 
-PROGRESS_KEY = b"#progress"  # only in an unfinished pack: what --resume needs
 CHUNK_SIZE = 1 << 20
 # Chunks per write transaction, by size. LMDB allocates a transaction's new pages with malloc and
 # frees them when it commits: a transaction of about one chunk reuses the memory the previous one
-# freed, while larger ones made the kernel map and zero fresh pages each time (5x the page faults,
-# a third of the CPU time of packing small files). Commits are cheap: the file is synced once, at the end.
+# freed, while larger ones make the kernel map and zero fresh pages each time (many more page faults,
+# a large share of the CPU time of packing small files). Commits are cheap: the file is synced once, at the end.
 COMMIT_BYTES = 1 << 20
 
 

@@ -10,32 +10,29 @@ import hashlib
 import json
 import mmap
 import os
-import re
-import struct
 import zlib
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from packload.core.errors import PackFormatError
 from packload.core.format import (
     FORMAT_VERSION,
     INDEX_NAME,
     MANIFEST_NAME,
+    PROGRESS_NAME,
     RECORD_HEADER,
     SHARD_HEADER,
-    SHARD_MAGIC,
     RecordMeta,
     decode_record_header,
-    encode_manifest,
+    decode_shard_header,
+    encode_shard_header,
     shard_name,
+    shard_number,
 )
+from packload.core.manifest import encode_manifest
 from packload.packer.append_file import HashingAppender
 from packload.packer.encode import Encoded
 from packload.packer.index_builder import IndexBuilder
-
-PROGRESS_NAME = "progress.json"  # only in an unfinished pack: what --resume needs
 
 
 def write_file_atomic(path: Path, data: bytes) -> None:
@@ -57,12 +54,6 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _shard_header(part: int) -> bytes:
-    header = np.zeros(1, SHARD_HEADER)
-    header[0] = (SHARD_MAGIC, FORMAT_VERSION, part, 0)
-    return header.tobytes()
-
-
 class ShardsWriter:
     """Appends records to ``shard-NNNNN.bin`` files of about ``shard_size`` bytes each."""
 
@@ -78,7 +69,7 @@ class ShardsWriter:
     # -- writing ---------------------------------------------------------------------------
     def _open_part(self, part: int) -> None:
         self._file = HashingAppender(self.folder / shard_name(part))
-        header = _shard_header(part)
+        header = encode_shard_header(part)
         self._file.write(header)
         self._offset = len(header)
         self._part_records = 0
@@ -188,9 +179,9 @@ class ShardsWriter:
             part += 1
             if not whole:
                 break
-        for stale in folder.glob("shard-*.bin"):
-            number = re.fullmatch(r"shard-(\d+)\.bin", stale.name)
-            if number and int(number.group(1)) >= part:
+        for stale in folder.iterdir():
+            number = shard_number(stale.name)
+            if number is not None and number >= part:
                 stale.unlink()
         if writer.parts:  # go on appending to the last shard
             last = writer.parts.pop()
@@ -210,8 +201,7 @@ def _intact_prefix(path: Path, part: int, first_record: int) -> tuple[int, list[
     if size < SHARD_HEADER.itemsize:
         return 0, records, digest
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        magic, _, number, _ = struct.unpack_from("<4sIII", data, 0)
-        if magic != SHARD_MAGIC or number != part:
+        if decode_shard_header(data[: SHARD_HEADER.itemsize]) != (FORMAT_VERSION, part):
             return 0, records, digest
         offset = SHARD_HEADER.itemsize
         while offset < size:

@@ -37,7 +37,7 @@ _EXPORTS = {
     "PackLoader": "packload.loaders.pack_loader",
     "PackReader": "packload.loaders.read",
     "PackSampler": "packload.loaders.sampler",
-    "shuffle_quality": "packload.loaders.sampler",
+    "shuffle_quality": "packload.loaders.shuffle_quality",
     "CenterCrop": "packload.loaders.crop",
     "PackBatches": "packload.loaders.batches",
     "batch_loader": "packload.loaders.batches",
@@ -54,37 +54,37 @@ _EXPORTS = {
 }
 
 __all__ = [
-    "__version__",
-    "batch_loader",
     "CenterCrop",
     "ChecksumError",
-    "collate_uint8",
-    "doctor",
     "DummyStep",
     "EncodeOptions",
-    "fast_jpeg_available",
     "IncompletePackError",
+    "PackBatches",
+    "PackChangedError",
+    "PackFormatError",
+    "PackLoader",
+    "PackReader",
+    "PackSampler",
+    "PackedImageFolder",
+    "PackloadError",
+    "SkippedFileError",
+    "TuneResult",
+    "UsageError",
+    "WriteError",
+    "__version__",
+    "batch_loader",
+    "collate_uint8",
+    "doctor",
+    "fast_jpeg_available",
     "info",
     "load_loader_config",
     "merge",
     "pack",
     "pack_ray",
-    "PackBatches",
-    "PackChangedError",
-    "PackedImageFolder",
-    "PackFormatError",
-    "PackLoader",
-    "PackloadError",
-    "PackReader",
-    "PackSampler",
     "shuffle_quality",
-    "SkippedFileError",
     "tune",
-    "TuneResult",
     "unpack",
-    "UsageError",
     "verify",
-    "WriteError",
 ]
 
 
@@ -112,7 +112,8 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
     from packload.loaders.decode import fast_jpeg_available
     from packload.loaders.pack_loader import PackLoader
     from packload.loaders.read import PackReader
-    from packload.loaders.sampler import PackSampler, shuffle_quality
+    from packload.loaders.sampler import PackSampler
+    from packload.loaders.shuffle_quality import shuffle_quality
     from packload.loaders.unpack import unpack
     from packload.loaders.verify import info, verify
     from packload.merger import merge

@@ -14,6 +14,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
+from packload.core.cpus import usable_cores
 from packload.core.errors import UsageError
 from packload.diagnose.measure import time_loader
 from packload.diagnose.tune import format_report as format_tune_report
@@ -25,7 +26,7 @@ from packload.loaders.folder import FolderImages
 from packload.loaders.pack_loader import PackLoader
 from packload.loaders.transforms import ResizeCenterCrop
 from packload.loaders.verify import verify
-from packload.packer.pipeline import available_cpus, pack
+from packload.packer.pipeline import pack
 from packload.packer.synthetic import make_imagenet_like
 
 
@@ -44,7 +45,7 @@ def run_demo(folder: str | os.PathLike[str], count: int = 2000, progress: bool =
     images = root / "images"
     if not images.is_dir() or sum(1 for _ in images.rglob("*.jpg")) != count:
         make_imagenet_like(images, count=count, classes=10, seed=0, progress=progress)
-    workers = min(4, available_cpus())
+    workers = min(4, usable_cores())
     packs = {}
     for name in ("demo.lmdb", "demo.shards"):
         packs[name] = pack(images, root / name, overwrite=True, progress=progress)

@@ -31,18 +31,10 @@ from tqdm import tqdm
 
 from packload.core.display import terminal_safe
 from packload.core.errors import PackFormatError, UsageError
-from packload.core.format import (
-    INDEX_NAME,
-    MANIFEST_NAME,
-    build_manifest,
-    decode_index,
-    encode_manifest,
-    ignored_count,
-    skipped_count,
-)
+from packload.core.format import INDEX_NAME, MANIFEST_NAME, decode_index, pack_size
+from packload.core.manifest import build_manifest, encode_manifest, ignored_count, skipped_count
 from packload.packer.combine import ShardSource, copy_records, joined_index, label_map, place_shards
 from packload.packer.destination import (
-    DestinationLock,
     check_apart,
     check_destination,
     check_name,
@@ -55,7 +47,8 @@ from packload.packer.destination import (
     remove_ours,
     system_reason,
 )
-from packload.packer.pipeline import LMDB_MAP_PER_FILE, backend_for, pack_size
+from packload.packer.destination_lock import DestinationLock
+from packload.packer.pipeline import LMDB_MAP_PER_FILE, backend_for
 from packload.packer.write_lmdb import LmdbWriter
 from packload.packer.write_shards import ShardsWriter, fsync_dir, write_file_atomic
 

@@ -20,9 +20,10 @@ import pytest
 
 from packload.core.errors import UsageError
 from packload.loaders.verify import verify
-from packload.packer.destination import DestinationLock, lock_path
+from packload.packer.destination import lock_path
+from packload.packer.destination_lock import DestinationLock
 from tests.image_factory import make_image_folder
-from tests.reliability_tools import REPO, _env, cli, one_line_error, records_of
+from tests.reliability.packs import REPO, child_env, cli, one_line_error, records_of
 
 # Runs ``packload ARGS`` and stops once, at PHASE ("encode": before the first files are encoded;
 # "publish": with the finished pack about to be renamed into place), printing "holding" and
@@ -81,14 +82,14 @@ def command(kind: str, inputs: dict[str, Path], dst: Path) -> list[str]:
 
 
 def start_holding(args: list[str], phase: str, release: Path) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-c", HOLDING_CHILD, str(release), phase, *args], cwd=REPO, env=_env(),
+    proc = subprocess.Popen([sys.executable, "-c", HOLDING_CHILD, str(release), phase, *args], cwd=REPO, env=child_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline().strip()
+    line = proc.stdout.readline().strip() if proc.stdout else ""
     if line != "holding":
         proc.kill()
         _, err = proc.communicate()
         pytest.fail(f"the first command did not get to {phase}: {line!r} {err}")
+    assert proc.poll() is None, "the first command must still be running, held at its phase"
     return proc
 
 

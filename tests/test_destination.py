@@ -16,7 +16,7 @@ from packload import UsageError, pack_ray
 from packload.loaders.verify import verify
 from packload.packer.destination import not_a_pack
 from tests.image_factory import make_image_folder
-from tests.reliability_tools import cli, one_line_error
+from tests.reliability.packs import cli, one_line_error
 
 BACKENDS = ["lmdb", "shards"]
 
@@ -305,8 +305,10 @@ def test_an_lmdb_file_open_in_this_process_is_still_recognised(images: Path, tmp
     assert cli(["pack", str(images), str(dst), "--quiet"])[0] == 0
     with PackReader(dst) as reader:
         assert not_a_pack(dst) is None
+        payloads = [bytes(reader.payload(i, verify=True)) for i in range(reader.records)]
         assert cli(["pack", str(images), str(dst), "--overwrite", "--quiet"])[0] == 0
-        assert reader.records > 0
+        assert reader.records == 6  # the pack it opened, read on, every payload passing its CRC
+        assert [bytes(reader.payload(i, verify=True)) for i in range(reader.records)] == payloads
     db = user_lmdb(tmp_path / "mine.lmdb")
     env = lmdb.open(str(db), subdir=False, readonly=True, lock=False)
     try:

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from packload.core.errors import PackFormatError  # noqa: E402
-from packload.core.format import (  # noqa: E402
+from packload.core.format import (
     FORMAT_NAME,
     FORMAT_VERSION,
     INDEX_ENTRY,
@@ -33,15 +33,14 @@ from packload.core.format import (  # noqa: E402
     RecordMeta,
     check_entries_fit,
     decode_index,
-    decode_manifest,
     decode_record_header,
     encode_index,
-    encode_manifest,
     encode_record,
     entry_path,
     index_entry,
     payload_format_code,
 )
+from packload.core.manifest import decode_manifest, encode_manifest
 
 HEADER = RECORD_HEADER.itemsize  # 56
 UNICODE_PATH = "chats/café ünï 猫 -x.png"

@@ -24,15 +24,8 @@ from hypothesis import strategies as st
 
 from packload.core.errors import PackFormatError
 from packload.core.format import LMDB_CHUNK_PREFIX, lmdb_chunk_key
-from packload.core.lmdb_pages import (
-    F_BIGDATA,
-    HEADER,
-    NODE_HEADER,
-    P_BRANCH,
-    P_INVALID,
-    P_LEAF,
-    LmdbLayout,
-)
+from packload.core.lmdb_meta import HEADER, P_BRANCH, P_INVALID, P_LEAF
+from packload.core.lmdb_pages import F_BIGDATA, NODE_HEADER, LmdbLayout
 from packload.packer.encode import Encoded
 from packload.packer.pipeline import pack
 from packload.packer.write_lmdb import LmdbWriter

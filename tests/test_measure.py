@@ -1,38 +1,37 @@
-"""The tuner's view of the machine comes from packload.diagnose.machine's cgroup-aware readers."""
+"""Timing a loader (``packload.diagnose.measure``): what is counted, what is left out as warm-up, and
+the size of each kind of batch."""
 
 from __future__ import annotations
 
-from packload.diagnose import measure
-from packload.diagnose.machine import cgroup_memory_usage
+import os
+
+import torch
+from torch.utils.data import DataLoader
+
+from packload.diagnose.measure import batch_size_of, loader_worker_pids, process_memory, time_loader
 
 
-def test_cgroup_memory_usage_v2_and_v1(tmp_path):
-    v2 = tmp_path / "v2"
-    (v2 / "job").mkdir(parents=True)
-    (v2 / "cgroup.controllers").write_text("cpu memory\n")
-    (v2 / "job" / "memory.current").write_text("123456\n")
-    (tmp_path / "self_v2").write_text("0::/job\n")
-    assert cgroup_memory_usage(v2, tmp_path / "self_v2") == 123456
-    v1 = tmp_path / "v1"
-    (v1 / "memory" / "job").mkdir(parents=True)
-    (v1 / "memory" / "job" / "memory.usage_in_bytes").write_text("789\n")
-    (tmp_path / "self_v1").write_text("4:memory:/job\n")
-    assert cgroup_memory_usage(v1, tmp_path / "self_v1") == 789
-    assert cgroup_memory_usage(tmp_path / "none", tmp_path / "self_v1") is None
+def test_batch_sizes_of_each_kind_of_batch() -> None:
+    assert batch_size_of((torch.zeros(5, 3, 2, 2), torch.zeros(5))) == 5
+    assert batch_size_of((torch.zeros(30), torch.zeros(4), torch.zeros(3))) == 3  # data, offsets, labels
+    assert batch_size_of([("a", 0), ("b", 1)]) == 2
 
 
-def test_memory_status_respects_a_cgroup_limit(monkeypatch):
-    monkeypatch.setattr(measure, "read_meminfo", lambda: {"MemTotal": 64 << 30, "MemAvailable": 60 << 30})
-    monkeypatch.setattr(measure, "cgroup_memory_limit", lambda: 8 << 30)
-    monkeypatch.setattr(measure, "cgroup_memory_usage", lambda: 6 << 30)
-    assert measure.memory_status() == {"total": 8 << 30, "available": 2 << 30}
-    monkeypatch.setattr(measure, "cgroup_memory_limit", lambda: None)
-    assert measure.memory_status() == {"total": 64 << 30, "available": 60 << 30}
+def test_time_loader_counts_the_batches_after_the_warm_up() -> None:
+    loader = DataLoader(list(range(23)), batch_size=5)  # batches of 5, 5, 5, 5, 3
+    whole = time_loader(loader)
+    assert whole.samples == 18 and whole.seconds >= 0 and whole.first_batch_s >= 0  # the first 5 are warm-up
+    assert time_loader(loader, max_batches=2).samples == 10
+    assert time_loader(loader, warmup_batches=0).samples == 23
 
 
-def test_usable_cores_caps_affinity_by_quota(monkeypatch):
-    monkeypatch.setattr(measure.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
-    monkeypatch.setattr(measure, "cgroup_cpu_limit", lambda: 1.5)
-    assert measure.usable_cores() == 1
-    monkeypatch.setattr(measure, "cgroup_cpu_limit", lambda: None)
-    assert measure.usable_cores() == 4
+def test_workers_of_a_loader_and_their_memory() -> None:
+    loader = DataLoader(list(range(8)), batch_size=2, num_workers=2)
+    iterator = iter(loader)
+    next(iterator)
+    pids = loader_worker_pids(iterator)
+    assert len(pids) == 2 and os.getpid() not in pids
+    memory = process_memory(pids)
+    assert memory["rss"] > 0 and memory["pss"] > 0
+    del iterator
+    assert loader_worker_pids(iter(DataLoader(list(range(4))))) == []

@@ -16,16 +16,9 @@ import pytest
 from packload.loaders.read import PackReader
 from packload.loaders.verify import verify
 from tests.image_factory import make_image_folder
-from tests.reliability_tools import (
-    cli,
-    copy_pack,
-    flip_bit,
-    index_with,
-    one_line_error,
-    pack_small,
-    records_of,
-    rewrite,
-)
+from tests.reliability.corruption import flip_bit
+from tests.reliability.crafted import copy_pack, index_with, rewrite
+from tests.reliability.packs import cli, one_line_error, pack_small, records_of
 
 BACKENDS = ["lmdb", "shards"]
 VICTIM = 5  # the record damaged

@@ -16,6 +16,7 @@ import pytest
 from PIL import Image
 
 from packload import EncodeOptions, PackedImageFolder, pack
+from packload.core import torch_private
 from packload.core.format import INDEX_ENTRY, RecordMeta, encode_index, encode_record, index_entry
 from packload.core.scan import Sample, scan_folder
 from packload.packer import append_file, pipeline
@@ -102,7 +103,7 @@ def test_resize_rgb_follows_pil(shape, monkeypatch):
     assert got.shape == want.shape == (target[1], target[0], 3) and got.dtype == np.uint8
     assert got.flags["C_CONTIGUOUS"]
     assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
-    monkeypatch.setattr(encode_module, "_resize_into", False)  # a torch without the out= operator
+    monkeypatch.setattr(torch_private, "_upsample_out", {"bilinear": None})  # a torch without the out= operator
     assert np.array_equal(resize_rgb(pixels, target), got)
 
 

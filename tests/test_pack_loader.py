@@ -289,11 +289,10 @@ def test_copying_uses_threads_only_where_unannounced_reads_wait(packs, monkeypat
     FUSE storage (forced here as the reader is) when the sampler announces the order (the reader's
     threads then read ahead); in 4 threads there when nothing is announced, as every batch's reads
     would wait a round trip."""
-    ds = PackedImageFolder(packs["keep"])
-    monkeypatch.setenv("PACKLOAD_PARALLEL_READS", "0")
+    ds = PackedImageFolder(packs["keep"], parallel_reads=False)
     assert PackLoader(ds, 4, encoded=True).threads == 0
     assert PackLoader(ds, 4, encoded=True, sampler=ds.sampler(prefetch=False)).threads == 0
-    monkeypatch.setenv("PACKLOAD_PARALLEL_READS", "1")
+    ds = PackedImageFolder(packs["keep"], parallel_reads=True)
     assert PackLoader(ds, 4, encoded=True).threads == 0
     remote = PackLoader(ds, 4, encoded=True, sampler=ds.sampler(prefetch=False))
     assert remote.threads == 4 and PackLoader(ds, 4, encoded=True, threads=0).threads == 0

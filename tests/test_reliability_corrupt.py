@@ -10,13 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.reliability_tools import (
-    both_backends,
-    corruption_campaign,
-    corruption_regions,
-    fuzz_decoders,
-    manifest_field,
-)
+from tests.reliability.corruption import corruption_campaign, corruption_regions, manifest_field
+from tests.reliability.decoder_fuzz import fuzz_decoders
+from tests.reliability.packs import both_backends
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +69,8 @@ def test_checked_reader_refuses_a_damaged_label(packs: dict[str, Path], tmp_path
     index against the manifest's sha256, so a flipped label is an error, not a wrong target."""
     from packload import PackedImageFolder
     from packload.core.errors import ChecksumError
-    from tests.reliability_tools import copy_pack, corruption_regions, flip_bit
+    from tests.reliability.corruption import corruption_regions, flip_bit
+    from tests.reliability.crafted import copy_pack
 
     pack = copy_pack(packs[backend], tmp_path / f"label.{backend}")
     index = corruption_regions(pack)["index"][0]
@@ -89,7 +86,7 @@ def test_verify_does_not_size_arrays_by_a_damaged_part_number(packs: dict[str, P
     """Found by the full run: a flipped high bit in an LMDB entry's part made verify ask for 4 GiB."""
     from packload.core.errors import PackFormatError
     from packload.loaders.verify import verify
-    from tests.reliability_tools import address_space_cap, copy_pack, index_with, rewrite
+    from tests.reliability.crafted import address_space_cap, copy_pack, index_with, rewrite
 
     pack = copy_pack(packs["lmdb"], tmp_path / "part.lmdb")
     rewrite(pack, index=index_with(pack, part=(0, 2**29)), fix_sha=False)
@@ -103,7 +100,7 @@ def test_reader_does_not_prefetch_a_damaged_length(packs: dict[str, Path], tmp_p
     prefetch size its arrays by it (terabytes), before the read could report the damage."""
     from packload import PackedImageFolder
     from packload.core.errors import PackloadError
-    from tests.reliability_tools import address_space_cap, copy_pack, index_with, rewrite
+    from tests.reliability.crafted import address_space_cap, copy_pack, index_with, rewrite
 
     pack = copy_pack(packs[backend], tmp_path / f"length.{backend}")
     rewrite(pack, index=index_with(pack, payload_len=(3, 2**40 + 5)), fix_sha=False)

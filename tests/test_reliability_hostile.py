@@ -14,18 +14,10 @@ import pytest
 from packload import PackedImageFolder
 from packload.core.errors import PackFormatError
 from packload.loaders.verify import verify
-from tests.reliability_tools import (
-    craft_pack,
-    hostile_suite,
-    jpeg_bomb,
-    jpeg_bytes,
-    lmdb_map_growth_check,
-    make_source,
-    pack_both,
-    pack_small,
-    records_of,
-    write_limit_check,
-)
+from tests.reliability.crafted import craft_pack, jpeg_bomb, jpeg_bytes
+from tests.reliability.full_disk import lmdb_map_growth_check, write_limit_check
+from tests.reliability.hostile import hostile_suite
+from tests.reliability.packs import make_source, pack_both, pack_small, records_of
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +59,7 @@ def test_jpeg_bomb_is_refused_on_the_fast_decoder_too(tmp_path: Path, backend: s
 
 
 def test_unpack_of_a_hostile_path_writes_nothing(tmp_path: Path) -> None:
-    from tests.reliability_tools import cli
+    from tests.reliability.packs import cli
 
     pack = craft_pack(tmp_path / "h.shards", [("a/fine.jpg", 0, jpeg_bytes()), ("../../evil.jpg", 0, jpeg_bytes())])
     out = tmp_path / "deep" / "out"

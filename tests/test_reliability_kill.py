@@ -9,13 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.reliability_tools import (
-    kill_and_resume,
-    kill_points,
-    make_source,
-    pack_both,
-    worker_kill_resume,
-)
+from tests.reliability.kills import kill_and_resume, kill_points, worker_kill_resume
+from tests.reliability.packs import make_source, pack_both
 
 
 @pytest.fixture(scope="module")

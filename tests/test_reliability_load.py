@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.reliability_tools import both_backends, load_check
+from tests.reliability.many_readers import load_check
+from tests.reliability.packs import both_backends
 
 
 @pytest.fixture(scope="module")

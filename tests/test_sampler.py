@@ -13,7 +13,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packload.packload.loaders.sampler import PackSampler, shuffle_quality
+from packload.loaders.sampler import PackSampler
+from packload.loaders.shuffle_quality import shuffle_quality
 
 ORDERS = ["block", "random", "sequential"]
 
@@ -307,34 +308,6 @@ def test_dataloader_follows_sampler_order(num_workers: int) -> None:
 # -- shuffle_quality --------------------------------------------------------------------------------------
 
 
-def test_shuffle_quality_hand_computed() -> None:
-    labels = np.array([0, 0, 1, 1])
-    q = shuffle_quality(np.array([0, 1, 2, 3]), labels, batch_size=2)
-    assert q == {
-        "same_class_pair_rate": 1.0,
-        "expected_full_shuffle": pytest.approx(2 / 6),
-        "ratio": pytest.approx(3.0),
-        "mean_abs_index_jump": pytest.approx(1 / 4),
-    }
-    assert shuffle_quality(np.array([0, 2, 1, 3]), labels, batch_size=2)["same_class_pair_rate"] == 0.0
-    short = shuffle_quality(np.array([0, 1, 2]), labels, batch_size=2)  # last batch has no pair
-    assert short["same_class_pair_rate"] == 1.0
-    assert all(isinstance(v, float) for v in q.values())
-
-
-def test_shuffle_quality_degenerate_and_invalid() -> None:
-    labels = np.arange(5)
-    assert math.isnan(shuffle_quality(np.arange(5), labels, 1)["same_class_pair_rate"])
-    assert shuffle_quality(np.arange(5), labels, 5)["ratio"] == 1.0  # all labels distinct
-    assert shuffle_quality(np.array([], dtype=np.int64), labels, 4)["mean_abs_index_jump"] == 0.0
-    with pytest.raises(ValueError, match="outside 0..4"):
-        shuffle_quality(np.array([5]), labels, 2)
-    with pytest.raises(TypeError, match="1-D integer array"):
-        shuffle_quality(np.array([0.5]), labels, 2)
-    with pytest.raises(ValueError, match="batch_size must be >= 1"):
-        shuffle_quality(np.arange(5), labels, 0)
-
-
 # -- prefetch: announcing upcoming records ----------------------------------------------------------------
 
 
@@ -466,7 +439,6 @@ def test_a_batch_never_waits_behind_announced_reads(small_packs: dict[str, Path]
     import packload.loaders.prefetch as prefetch_module
     from packload.loaders.read import PackReader
 
-    monkeypatch.setenv("PACKLOAD_PARALLEL_READS", "1")
     release, held, reads = threading.Event(), [], []
     real_ahead, real_piece = prefetch_module.read_ahead, prefetch_module.read_piece
 
@@ -477,7 +449,7 @@ def test_a_batch_never_waits_behind_announced_reads(small_packs: dict[str, Path]
 
     monkeypatch.setattr(prefetch_module, "read_ahead", waiting)
     monkeypatch.setattr(prefetch_module, "read_piece", lambda piece: reads.append(piece) or real_piece(piece))
-    with PackReader(small_packs[backend]) as reader:
+    with PackReader(small_packs[backend], parallel_reads=True) as reader:
         expected = [bytes(reader.payload(i)) for i in range(300)]
         assert reader.advise(np.arange(300)) >= sum(map(len, expected))
         batch = list(range(0, 300, 3))
@@ -494,9 +466,9 @@ def test_a_batch_never_waits_behind_announced_reads(small_packs: dict[str, Path]
 
 @pytest.mark.parametrize("backend", ["lmdb", "shards"])
 @pytest.mark.parametrize("workers", [0, 2])
-@pytest.mark.parametrize("parallel", ["0", "1"])
+@pytest.mark.parametrize("parallel", [False, True])
 def test_dataset_sampler_announces_through_the_datasets_reader(small_packs: dict[str, Path], backend: str,
-                                                               workers: int, parallel: str,
+                                                               workers: int, parallel: bool,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """``ds.sampler()`` announces upcoming records by default, through the dataset's own reader in the
     process that runs the sampler (no second reader of the pack there); ``prefetch=False`` announces
@@ -508,9 +480,9 @@ def test_dataset_sampler_announces_through_the_datasets_reader(small_packs: dict
     from packload.loaders.collate import collate_as_list
     from packload.loaders.hints import PackHints
 
-    monkeypatch.setenv("PACKLOAD_PARALLEL_READS", parallel)
     path = small_packs[backend]
-    ds = PackedImageFolder(path, output="bytes")
+    ds = PackedImageFolder(path, output="bytes", parallel_reads=parallel)
+    assert ds.parallel_reads is parallel and ds.reader().parallel_reads is parallel
     announced: list[int] = []
     hints = ds.sampler(shuffle=True, seed=5, block_size=8, window_blocks=2)
     assert isinstance(hints.prefetch, PackHints)
@@ -548,12 +520,10 @@ def test_lmdb_index_fetched_by_parallel_reads_where_reads_wait(small_packs: dict
     real = prefetch_module.ParallelFetcher.fetch
     monkeypatch.setattr(prefetch_module.ParallelFetcher, "fetch",
                         lambda self, ranges: fetched.append(ranges) or real(self, ranges))
-    monkeypatch.setenv("PACKLOAD_PARALLEL_READS", "0")
-    with PackReader(small_packs["lmdb"]) as reader:
+    with PackReader(small_packs["lmdb"], parallel_reads=False) as reader:
         local = reader.index_bytes()
     assert fetched == []
-    monkeypatch.setenv("PACKLOAD_PARALLEL_READS", "1")
-    with PackReader(small_packs["lmdb"]) as reader:
+    with PackReader(small_packs["lmdb"], parallel_reads=True) as reader:
         assert reader.index_bytes() == local
     offset, size = LmdbLayout(small_packs["lmdb"].read_bytes(), "pack").locate(LMDB_INDEX_KEY)
     assert [(offset, size)] in [[(o, n) for _, o, n in ranges] for ranges in fetched]

@@ -19,7 +19,8 @@ from packload.loaders.unpack import Target, plan_targets, unpack
 from packload.packer.encode import EncodeOptions
 from packload.packer.pipeline import pack
 from tests.image_factory import write_image
-from tests.reliability_tools import cli, craft_pack, jpeg_bytes, one_line_error, records_of
+from tests.reliability.crafted import craft_pack, jpeg_bytes
+from tests.reliability.packs import cli, one_line_error, records_of
 
 BACKENDS = ["lmdb", "shards"]
 
@@ -309,17 +310,20 @@ def test_out_an_existing_file(keep_packs: dict[str, Path], tmp_path: Path) -> No
 
 # -- interrupted -----------------------------------------------------------------------------
 def _damage_payload(packed: Path, record: int) -> None:
-    """Flip a byte in the middle of record ``record``'s stored bytes."""
+    """Flip a byte in the middle of record ``record``'s stored bytes: in every copy of them, since an
+    LMDB file can keep stale copies of a chunk in free pages (written before a checkpoint)."""
     with PackReader(packed) as reader:
         payload = bytes(reader.payload(record))
+    found = 0
     for file in ([packed] if packed.is_file() else sorted(packed.glob("shard-*"))):
         data = bytearray(file.read_bytes())
         at = data.find(payload)
-        if at >= 0:
+        while at >= 0:
             data[at + len(payload) // 2] ^= 0xFF
-            file.write_bytes(bytes(data))
-            return
-    raise AssertionError("payload not found")
+            found += 1
+            at = data.find(payload, at + len(payload))
+        file.write_bytes(bytes(data))
+    assert found, "payload not found"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -384,7 +384,7 @@ RS_AVX2 static void vpass_avx2(const uint8_t *tmp, long tstride, uint8_t *dst, l
         const int32_t *wp = W->wpair + y * kp / 2;
         uint8_t *d = dst + y * dstride;
         int j = 0;
-        if (kp == 2) { /* two taps (every enlargement): no accumulator loop, ~10 % faster than the general one */
+        if (kp == 2) { /* two taps (every enlargement): no accumulator loop, which the general one pays per pixel */
             const uint8_t *s1 = s + tstride;
             const __m256i w = _mm256_set1_epi32(wp[0]);
             for (; j + 32 <= n; j += 32) {

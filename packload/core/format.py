@@ -13,19 +13,15 @@ little-endian; offsets and lengths are 64-bit. ``docs/FORMAT.md`` describes the 
 
 from __future__ import annotations
 
-import datetime as _dt
-import json
+import re
 import struct
-import uuid
 import zlib
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
 
 import numpy as np
 
 from packload.core.errors import PackFormatError
-from packload.core.version import __version__
 
 FORMAT_NAME = "packload"
 FORMAT_VERSION = 1
@@ -35,6 +31,7 @@ ENCODINGS = ("keep", "jpeg", "png", "raw")
 
 MANIFEST_NAME = "manifest.json"  # shards: a file in the pack folder
 INDEX_NAME = "index.bin"  # shards: a file in the pack folder
+PROGRESS_NAME = "progress.json"  # shards: only in an unfinished pack, what ``pack --resume`` needs
 
 
 def shard_name(part: int) -> str:
@@ -42,11 +39,27 @@ def shard_name(part: int) -> str:
     return f"shard-{part:05d}.bin"
 
 
+def pack_size(path: Path) -> int:
+    """Bytes the pack at ``path`` takes: the LMDB file, or every file of the shards folder."""
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+    return path.stat().st_size
+
+
+SHARD_NAME_PATTERN = r"shard-\d{5,}\.bin"  # every name ``shard_name`` gives, as a regular expression
+
+
+def shard_number(name: str) -> int | None:
+    """The part number of the shard file called ``name``; None when it is not a shard's name."""
+    return int(name[len("shard-") : -len(".bin")]) if re.fullmatch(SHARD_NAME_PATTERN, name) else None
+
+
 # LMDB keys. Metadata keys ("#...") sort before the chunks ("c" + number), so chunks are appended
 # in key order and a cursor from the first chunk key reads the records in order.
 LMDB_CHUNK_PREFIX = b"c"
 LMDB_MANIFEST_KEY = b"#manifest"
 LMDB_INDEX_KEY = b"#index"
+PROGRESS_KEY = b"#progress"  # only in an unfinished pack, what ``pack --resume`` needs
 
 
 def lmdb_chunk_key(part: int) -> bytes:
@@ -110,6 +123,23 @@ SHARD_MAGIC = b"PLSD"
 SHARD_HEADER = np.dtype([("magic", "S4"), ("version", "<u4"), ("part", "<u4"), ("reserved", "<u4")])
 assert SHARD_HEADER.itemsize == 16
 
+
+def encode_shard_header(part: int) -> bytes:
+    """The 16 bytes that start shard file number ``part``."""
+    header = np.zeros(1, SHARD_HEADER)
+    header[0] = (SHARD_MAGIC, FORMAT_VERSION, part, 0)
+    return header.tobytes()
+
+
+def decode_shard_header(head: bytes | memoryview) -> tuple[int, int] | None:
+    """(format version, part number) from a shard file's first bytes ``head``; None when they are
+    not a shard header."""
+    if len(head) < SHARD_HEADER.itemsize:
+        return None
+    header = np.frombuffer(head, SHARD_HEADER, 1)[0]
+    return (int(header["version"]), int(header["part"])) if bytes(header["magic"]) == SHARD_MAGIC else None
+
+
 # Payload format codes. "raw" is uint8 RGB pixels, height x width x 3, row-major (mode "RGB").
 PAYLOAD_FORMATS = ("raw", "JPEG", "PNG", "BMP", "TIFF", "WEBP", "PPM", "MPO", "other")
 FORMAT_CODE = {name: code for code, name in enumerate(PAYLOAD_FORMATS)}
@@ -120,16 +150,30 @@ RAW_CHANNELS = 3
 # and every plugin is code run on data from elsewhere.
 DECODABLE = ("JPEG", "MPO", "PNG", "BMP", "TIFF", "WEBP", "PPM", "GIF")
 
-_HEADER_BODY = struct.Struct("<QQIiIIHBB8sI")  # the header after magic and header_crc32
-assert _HEADER_BODY.size + 8 == RECORD_HEADER.itemsize
 
-# Manifest fields every reader checks before anything else.
-MANIFEST_REQUIRED = ("format", "version", "backend", "encoding", "records", "classes", "skipped")
-# A reader refuses a larger manifest before parsing it (every DataLoader worker parses its own):
-# writers keep theirs far below by listing at most this many skipped and left-out files.
-MANIFEST_LIMIT = 64 << 20
-SKIPPED_LISTED = 100_000  # broken files named in the manifest; the rest are counted (``skipped_count``)
-IGNORED_LISTED = 1_000  # files left out (not images, hidden) named; the rest counted by reason
+
+def struct_of(layout: np.dtype, first: str | None = None) -> struct.Struct:
+    """The ``struct`` format of ``layout`` (from its field ``first`` on): the same bytes, for writers
+    that pack one record at a time. Derived, so the layout is written down once, as the dtype."""
+    codes = {"<u8": "Q", "<i8": "q", "<u4": "I", "<i4": "i", "<u2": "H", "|u1": "B"}
+    names = list(layout.names)
+    fields = [layout.fields[name][0] for name in names[names.index(first) if first else 0 :]]
+    return struct.Struct("<" + "".join(f"{f.itemsize}s" if f.kind == "S" else codes[f.str] for f in fields))
+
+
+# The record header from ``record`` on (after magic and header_crc32) and the index entry as
+# ``struct`` formats, and the offsets of the fields that merging rewrites in place.
+RECORD_HEADER_BODY = struct_of(RECORD_HEADER, "record")
+INDEX_ENTRY_STRUCT = struct_of(INDEX_ENTRY)
+U32, I32, U64 = struct.Struct("<I"), struct.Struct("<i"), struct.Struct("<Q")
+HEADER_CRC_AT = RECORD_HEADER.fields["header_crc32"][1]  # covers the header from here on, then the path
+HEADER_BODY_AT = RECORD_HEADER.fields["record"][1]
+RECORD_NUMBER_AT = RECORD_HEADER.fields["record"][1]
+RECORD_LABEL_AT = RECORD_HEADER.fields["label"][1]
+SHARD_PART_AT = SHARD_HEADER.fields["part"][1]
+assert HEADER_BODY_AT + RECORD_HEADER_BODY.size == RECORD_HEADER.itemsize
+assert INDEX_ENTRY_STRUCT.size == INDEX_ENTRY.itemsize
+
 # Index offsets and lengths must stay below this, so that the sum of any two fits a signed 64-bit
 # integer (readers compute byte ranges in int64, and hand addresses to compiled code).
 INDEX_VALUE_LIMIT = 1 << 62
@@ -170,7 +214,7 @@ def encode_record(meta: RecordMeta, payload: bytes | memoryview, payload_crc: in
         raise PackFormatError(f"{meta.path[:80]}...: path longer than 65535 bytes; shorten it")
     if payload_crc is None:
         payload_crc = zlib.crc32(payload)
-    body = _HEADER_BODY.pack(
+    body = RECORD_HEADER_BODY.pack(
         meta.record,
         len(payload),
         payload_crc,
@@ -184,7 +228,7 @@ def encode_record(meta: RecordMeta, payload: bytes | memoryview, payload_crc: in
         0,
     )
     header_crc = zlib.crc32(path, zlib.crc32(body))
-    return RECORD_MAGIC + struct.pack("<I", header_crc) + body + path, payload_crc
+    return RECORD_MAGIC + U32.pack(header_crc) + body + path, payload_crc
 
 
 def decode_record_header(buf: bytes | memoryview, offset: int = 0) -> tuple[RecordMeta, int, int, int]:
@@ -200,16 +244,16 @@ def decode_record_header(buf: bytes | memoryview, offset: int = 0) -> tuple[Reco
     view = memoryview(buf)[offset : offset + size]
     if bytes(view[:4]) != RECORD_MAGIC:
         raise PackFormatError(f"no record at offset {offset}: bad magic {bytes(view[:4])!r}")
-    (header_crc,) = struct.unpack_from("<I", view, 4)
+    (header_crc,) = U32.unpack_from(view, HEADER_CRC_AT)
     (record, payload_len, payload_crc, label, width, height, path_len, fmt, orientation, mode, _) = (
-        _HEADER_BODY.unpack_from(view, 8)
+        RECORD_HEADER_BODY.unpack_from(view, HEADER_BODY_AT)
     )
     path_start = offset + size
     payload_start = path_start + path_len
     if payload_start > end:
         raise PackFormatError(f"record {record} at offset {offset}: path runs past the end")
     path = bytes(memoryview(buf)[path_start:payload_start])
-    if zlib.crc32(path, zlib.crc32(view[8:])) != header_crc:
+    if zlib.crc32(path, zlib.crc32(view[HEADER_BODY_AT:])) != header_crc:
         raise PackFormatError(f"record header at offset {offset}: header checksum mismatch")
     if payload_start + payload_len > end:
         raise PackFormatError(f"record {record} at offset {offset}: payload runs past the end")
@@ -366,144 +410,3 @@ def entry_path(entries: np.ndarray, paths: bytes, i: int) -> str:
         return paths[start : start + int(entries["path_len"][i])].decode("utf-8")
     except UnicodeDecodeError:
         raise PackFormatError(f"record {i}: stored path is not valid UTF-8; the pack is damaged") from None
-
-
-def encode_manifest(manifest: dict[str, Any]) -> bytes:
-    """The manifest as UTF-8 JSON bytes (sorted keys, so equal packs give equal manifests)."""
-    return (json.dumps(manifest, indent=1, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8")
-
-
-def decode_manifest(raw: bytes, where: str) -> dict[str, Any]:
-    """Parse and check a manifest: it must be ours, of a version we read, and well formed (and no
-    larger than ``MANIFEST_LIMIT``: checked before parsing)."""
-    if len(raw) > MANIFEST_LIMIT:
-        raise PackFormatError(f"{where}: manifest of {len(raw):,} bytes, more than the {MANIFEST_LIMIT:,} a "
-                              "packload manifest may take; the pack is damaged or not a packload pack")
-    try:
-        manifest = json.loads(raw.decode("utf-8"))
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, integers too long
-        raise PackFormatError(f"{where}: manifest is not valid JSON ({type(exc).__name__}); "
-                              "the pack is damaged") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
-        raise PackFormatError(f"{where}: not a packload manifest (format is "
-                              f"{manifest.get('format') if isinstance(manifest, dict) else type(manifest).__name__!r})")
-    if type(manifest.get("version")) is not int or manifest["version"] != FORMAT_VERSION:
-        raise PackFormatError(f"{where}: pack format version {manifest.get('version')!r}; this packload "
-                              f"reads version {FORMAT_VERSION}: upgrade packload or re-pack the images")
-    missing = [key for key in MANIFEST_REQUIRED if key not in manifest]
-    if missing:
-        raise PackFormatError(f"{where}: manifest lacks {', '.join(missing)}; the pack is damaged")
-    if manifest["backend"] not in BACKENDS or manifest["encoding"] not in ENCODINGS:
-        raise PackFormatError(f"{where}: unknown backend or encoding in manifest "
-                              f"({manifest['backend']!r}, {manifest['encoding']!r})")
-    if type(manifest["records"]) is not int or manifest["records"] < 0:
-        raise PackFormatError(f"{where}: manifest record count {manifest['records']!r} is not valid")
-    if not isinstance(manifest["classes"], list) or not all(isinstance(c, str) for c in manifest["classes"]):
-        raise PackFormatError(f"{where}: manifest classes must be a list of names")
-    if not isinstance(manifest["skipped"], list) or not all(
-            isinstance(s, dict) and isinstance(s.get("path"), str) for s in manifest["skipped"]):
-        raise PackFormatError(f"{where}: manifest skipped must be a list of {{path, reason}} entries")
-    _check_optional_fields(manifest, where)
-    if len(manifest["skipped"]) > skipped_count(manifest) or len(manifest.get("ignored", [])) > ignored_count(manifest):
-        raise PackFormatError(f"{where}: manifest lists more skipped or left-out files than it counts; "
-                              "the pack is damaged")
-    return manifest
-
-
-def _is_int(value: Any) -> bool:
-    return type(value) is int and value >= 0
-
-
-# Optional manifest fields that readers use, and what each must be when present (a hostile or
-# damaged manifest must give PackFormatError, not a TypeError deep inside ``info`` or ``verify``).
-_OPTIONAL_FIELDS: dict[str, tuple[str, Any]] = {
-    "class_counts": ("an object of counts", lambda v: isinstance(v, dict) and all(map(_is_int, v.values()))),
-    "payload_bytes": ("a byte count", lambda v: v is None or _is_int(v)),
-    "labelled": ("true or false", lambda v: isinstance(v, bool)),
-    "ignored": ("a list of {path, reason} entries", lambda v: isinstance(v, list) and all(
-        isinstance(s, dict) and isinstance(s.get("path"), str) for s in v)),
-    "source": ("an object with a name, and counts of files and bytes", lambda v: isinstance(v, dict)
-               and isinstance(v.get("name", ""), str) and _is_int(v.get("files", 0)) and _is_int(v.get("bytes", 0))),
-    "options": ("an object", lambda v: isinstance(v, dict)),
-    "index": ("an object with name, size and sha256", lambda v: isinstance(v, dict)
-              and v.get("name") in (INDEX_NAME, LMDB_INDEX_KEY.decode()) and isinstance(v.get("sha256"), str)
-              and _is_int(v.get("size"))),
-    "created": ("a date string", lambda v: isinstance(v, str)),
-    "packload_version": ("a version string", lambda v: isinstance(v, str)),
-    "id": ("32 hexadecimal digits", lambda v: isinstance(v, str) and len(v) == 32
-           and all(c in "0123456789abcdef" for c in v)),
-    "skipped_count": ("a count", _is_int),
-    "ignored_count": ("a count", _is_int),
-    "ignored_by_reason": ("an object of counts", lambda v: isinstance(v, dict) and all(map(_is_int, v.values()))),
-}
-
-
-def _check_optional_fields(manifest: dict[str, Any], where: str) -> None:
-    for key, (expected, ok) in _OPTIONAL_FIELDS.items():
-        if key in manifest and not ok(manifest[key]):
-            raise PackFormatError(f"{where}: manifest {key} must be {expected}; the pack is damaged")
-    if "parts" not in manifest:
-        return
-    parts = manifest["parts"]
-    if manifest["backend"] == "shards":
-        good = isinstance(parts, list) and all(
-            isinstance(p, dict) and isinstance(p.get("name"), str) and _is_int(p.get("size", 0))
-            and isinstance(p.get("sha256", ""), str) for p in parts)
-        expected = "a list of {name, size, sha256} shards"
-    else:
-        good = isinstance(parts, dict) and _is_int(parts.get("chunks")) and _is_int(parts.get("chunk_size"))
-        expected = "an object with chunks and chunk_size"
-    if not good:
-        raise PackFormatError(f"{where}: manifest parts must be {expected}; the pack is damaged")
-
-
-def skipped_count(manifest: dict[str, Any]) -> int:
-    """How many source files were skipped as broken (the manifest lists at most ``SKIPPED_LISTED``)."""
-    return int(manifest.get("skipped_count", len(manifest["skipped"])))
-
-
-def ignored_count(manifest: dict[str, Any]) -> int:
-    """How many files were left out as not images (the manifest lists at most ``IGNORED_LISTED``)."""
-    return int(manifest.get("ignored_count", len(manifest.get("ignored", []))))
-
-
-def build_manifest(*, backend: str, encoding: str, source: dict[str, Any], labelled: bool, classes: list[str],
-                   labels: np.ndarray, payload_bytes: int, skipped: Sequence[dict[str, Any]],
-                   ignored: Sequence[dict[str, Any]], options: dict[str, Any],
-                   extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The manifest of a new pack (before its writer adds ``parts`` and ``index``), built the same
-    way by every writer: ``pack``, ``merge`` and the Ray engine.
-
-    ``labels`` are the records' class indices; ``skipped`` and ``ignored`` are ``{path, reason}``
-    entries (other keys are dropped). Long lists are cut to ``SKIPPED_LISTED`` / ``IGNORED_LISTED``
-    entries with their full counts beside them (left-out files also counted by reason), so that the
-    manifest stays small enough for every reader to parse. ``id`` is new for every pack written: a
-    reader that reopens a path notices when it holds another pack than the one it opened."""
-    ignored = list(ignored)
-    by_reason: dict[str, int] = {}
-    for item in ignored:
-        by_reason[str(item.get("reason", ""))] = by_reason.get(str(item.get("reason", "")), 0) + 1
-    manifest: dict[str, Any] = {
-        "format": FORMAT_NAME,
-        "version": FORMAT_VERSION,
-        "id": uuid.uuid4().hex,
-        "backend": backend,
-        "encoding": encoding,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "packload_version": __version__,
-        "source": source,
-        "labelled": labelled,
-        "classes": list(classes),
-        "class_counts": {name: int(n) for name, n in
-                         zip(classes, np.bincount(labels[labels >= 0], minlength=len(classes)).tolist(), strict=True)},
-        "records": int(len(labels)),
-        "payload_bytes": int(payload_bytes),
-        "skipped": [{"path": s["path"], "reason": s["reason"]} for s in skipped[:SKIPPED_LISTED]],
-        "skipped_count": len(skipped),
-        "ignored": [{"path": i["path"], "reason": i["reason"]} for i in ignored[:IGNORED_LISTED]],
-        "ignored_count": len(ignored),
-        "ignored_by_reason": dict(sorted(by_reason.items())),
-        "options": options,
-    }
-    manifest.update(extra or {})
-    return manifest

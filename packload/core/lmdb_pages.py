@@ -7,24 +7,7 @@ locates values itself. ``LmdbLayout`` reads the file through a read-only buffer 
 buffer, and it checks each field against the file before it uses it. A damaged file gives
 ``PackFormatError``, never a signal and never a place outside the file.
 
-It reads the part of the format that packload's packs use: the main (unnamed) database of an LMDB 0.9
-file, with no sub-databases and no DUPSORT. The layout, from LMDB's ``mdb.c`` (64-bit builds; every
-integer little-endian):
-
-- a page header is 16 bytes: ``pgno`` u64, a u16 of padding, ``flags`` u16, then ``lower`` and
-  ``upper`` u16 (branch and leaf pages: the end of the node-offset array and the start of the nodes),
-  or ``pages`` u32 (the first page of an overflow run: the run's length in pages);
-- pages 0 and 1 are metas: after the header, ``magic`` u32, ``version`` u32, ``address`` and
-  ``mapsize`` u64, two database records (the free list's, whose first field holds the page size, then
-  the main database's), ``last_pgno`` and ``txnid`` u64. LMDB uses the meta with the larger txnid;
-- a database record is ``pad`` u32, ``flags`` u16, ``depth`` u16, then the counts of branch, leaf and
-  overflow pages, ``entries`` and ``root`` (u64 each);
-- a branch or leaf page holds, after its header, a u16 offset per node in key order, and the nodes at
-  its end. A node is ``lo, hi, flags, ksize`` (u16 each), then the key. In a branch node
-  ``lo | hi << 16 | flags << 32`` is the child page, and the first node's key is not used (that child
-  holds every key below the second node's). In a leaf node ``lo | hi << 16`` is the value's size; the
-  value follows the key, or with ``F_BIGDATA`` the number of its first overflow page (u64) does, and
-  the value starts 16 bytes into that page.
+It reads the part of LMDB's format that packload's packs use (described in ``packload.core.lmdb_meta``).
 
 Opening reads the metas and the branch pages. A leaf page is read and checked when a key on it is
 first asked for, and the header of a value's overflow run when that value is first asked for, so
@@ -34,16 +17,28 @@ opening a large pack reads a handful of pages.
 from __future__ import annotations
 
 import mmap
+import os
 import struct
 import threading
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from itertools import pairwise
 
 import numpy as np
 
 from packload.core.errors import PackFormatError
+from packload.core.lmdb_meta import (
+    DAMAGED,
+    HEADER,
+    P_BRANCH,
+    P_INVALID,
+    P_LEAF,
+    P_OVERFLOW,
+    PAGE_HEADER,
+    UNSUPPORTED,
+    current_meta,
+    damaged,
+)
 
 Buffer = bytes | bytearray | memoryview | mmap.mmap
 # Called with (file offset, length) pairs, in file order, just before those bytes are read (a level of
@@ -51,44 +46,15 @@ Buffer = bytes | bytearray | memoryview | mmap.mmap
 # storage can fetch them in parallel. It must not call back into the layout.
 PrefetchHook = Callable[[list[tuple[int, int]]], None]
 
-MAGIC = 0xBEEFC0DE
-DATA_VERSION = 1
-P_BRANCH, P_LEAF, P_OVERFLOW, P_META = 0x01, 0x02, 0x04, 0x08
 F_BIGDATA, F_SUBDATA, F_DUPDATA = 0x01, 0x02, 0x04
-P_INVALID = (1 << 64) - 1  # the root of an empty database
-MAX_DEPTH = 32  # LMDB's cursor stack: no tree of LMDB's is deeper
-MIN_PAGE_SIZE, MAX_PAGE_SIZE = 512, 65536
 
-_PAGE_HEADER = struct.Struct("<QHHHH")  # pgno, pad, flags, lower, upper
 _OVERFLOW_HEADER = struct.Struct("<QHHI")  # pgno, pad, flags, pages
-_META = struct.Struct("<IIQQ" + "IHHQQQQQ" * 2 + "QQ")  # after the page header; see the module's docstring
 _NODE = struct.Struct("<HHHH")  # lo, hi, flags, ksize
 _PGNO = struct.Struct("<Q")
-HEADER = _PAGE_HEADER.size
 NODE_HEADER = _NODE.size
-META_END = HEADER + _META.size  # the bytes of a meta page that are read
 _LEAVES_PER_BATCH = 256  # leaf pages items() reads (and hands to the prefetch hook) at a time
 
 _CLOSED = b""  # the buffer of a closed layout: any read of it fails its bounds check
-_DAMAGED = "the LMDB file is damaged: copy it again"
-_UNSUPPORTED = "packload reads LMDB files with one unnamed database and no DUPSORT: give the .lmdb file `pack` wrote"
-
-
-@dataclass(frozen=True)
-class _Meta:
-    """The fields of one meta page that this reader uses."""
-
-    page: int
-    page_size: int
-    flags: int  # of the main database
-    depth: int
-    branch_pages: int
-    leaf_pages: int
-    overflow_pages: int
-    entries: int
-    root: int
-    last_pgno: int
-    txnid: int
 
 
 class _Leaf:
@@ -123,6 +89,22 @@ def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
+def file_keys(path: str) -> list[bytes]:
+    """Every key of the LMDB file ``path``, in order, read from its pages (every field checked; a
+    damaged or foreign file gives ``PackFormatError``). For a file that py-lmdb will not open: LMDB
+    refuses a second environment on a file this process already has open."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            raise PackFormatError(f"{path}: an empty file, not an LMDB file")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            layout = LmdbLayout(data, path)
+            try:
+                return [key for key, _, _ in layout.items(headers=False)]
+            finally:
+                layout.close()
+
+
 class LmdbLayout:
     """Where every value of an LMDB file lies, from its B-tree, every page checked against the file.
 
@@ -136,7 +118,13 @@ class LmdbLayout:
         self._data = data
         self._prefetch = prefetch
         self._lock = threading.Lock()  # leaves and overflow headers are checked once, and counted once
-        meta = self._current_meta(len(data))
+        meta = current_meta(data, where)
+        self._meta = meta
+        # LMDB counts pages that a transaction took and freed again as used, without writing them: the
+        # file can end before last_pgno. Pages past its end are never in the tree, and none is read.
+        self._last_page = min(meta.last_pgno, len(data) // meta.page_size - 1)
+        if meta.root != P_INVALID:
+            self._check_page_number(meta.root, 1, meta.page, "the root page")
         self.page_size = meta.page_size
         self.txnid = meta.txnid
         self.entries = meta.entries
@@ -235,61 +223,7 @@ class LmdbLayout:
             raise self._failure
 
     def _damaged(self, what: str, page: int | None = None) -> PackFormatError:
-        place = "" if page is None else f"LMDB page {page}: "
-        return PackFormatError(f"{self.where}: {place}{what}; {_DAMAGED}")
-
-    # -- metas ---------------------------------------------------------------------------------
-    def _read_meta(self, page: int, offset: int) -> _Meta:
-        """Meta page ``page`` at ``offset``, checked as LMDB checks it when it opens a file."""
-        size = len(self._data)
-        if offset + META_END > size:
-            raise self._damaged(f"{size} bytes: too short for meta page {page} of an LMDB file")
-        pgno, _, flags, _, _ = _PAGE_HEADER.unpack_from(self._data, offset)
-        (magic, version, _address, _mapsize, free_pad, _, _, _, _, _, _, _,
-         _, main_flags, depth, branch, leaf, overflow, entries, root, last_pgno, txnid) = \
-            _META.unpack_from(self._data, offset + HEADER)
-        if magic != MAGIC:
-            raise PackFormatError(f"{self.where}: not an LMDB file (meta page {page} has magic 0x{magic:08x}); "
-                                  f"give the .lmdb file `pack` wrote, or if it is one, {_DAMAGED}")
-        if version != DATA_VERSION:
-            raise PackFormatError(f"{self.where}: LMDB data version {version} in meta page {page}; this reader "
-                                  f"knows version {DATA_VERSION} (LMDB 0.9). Give the .lmdb file `pack` wrote, "
-                                  f"or if it is one, {_DAMAGED}")
-        if pgno != page or flags != P_META:
-            raise self._damaged(f"meta page header says page {pgno}, flags 0x{flags:x}", page)
-        return _Meta(page, free_pad, main_flags, depth, branch, leaf, overflow, entries, root, last_pgno, txnid)
-
-    def _current_meta(self, size: int) -> _Meta:
-        """The meta LMDB would use: of the two (both must be sound), the one of the larger txnid."""
-        first = self._read_meta(0, 0)
-        page_size = first.page_size
-        if not MIN_PAGE_SIZE <= page_size <= MAX_PAGE_SIZE or page_size & (page_size - 1):
-            raise self._damaged(f"page size {page_size} is not a power of two in {MIN_PAGE_SIZE}..{MAX_PAGE_SIZE}", 0)
-        second = self._read_meta(1, page_size)
-        if second.page_size != page_size:
-            raise self._damaged(f"page size {second.page_size}, meta page 0 says {page_size}", 1)
-        meta = second if second.txnid > first.txnid else first
-        # LMDB counts pages that a transaction took and freed again as used, without writing them: the
-        # file can end before last_pgno. Pages past its end are never in the tree, and none is read.
-        self._last_page = min(meta.last_pgno, size // page_size - 1)
-        self._meta = meta
-        self._check_meta(meta)
-        return meta
-
-    def _check_meta(self, meta: _Meta) -> None:
-        if meta.flags:
-            raise PackFormatError(f"{self.where}: the main database has flags 0x{meta.flags:x} (DUPSORT, integer "
-                                  f"or reversed keys); {_UNSUPPORTED}, or if it is one, {_DAMAGED}")
-        if meta.last_pgno < 1:
-            raise self._damaged(f"the database ends at page {meta.last_pgno}, before its metas", meta.page)
-        counts = (meta.depth, meta.entries, meta.branch_pages, meta.leaf_pages, meta.overflow_pages)
-        if meta.root == P_INVALID:
-            if any(counts):
-                raise self._damaged(f"an empty database with depth, entries or page counts {counts}", meta.page)
-            return
-        if not 1 <= meta.depth <= MAX_DEPTH:
-            raise self._damaged(f"depth {meta.depth}, not in 1..{MAX_DEPTH}", meta.page)
-        self._check_page_number(meta.root, 1, meta.page, "the root page")
+        return damaged(self.where, what, page)
 
     # -- pages ---------------------------------------------------------------------------------
     def _read(self, offset: int, length: int) -> bytes:
@@ -304,7 +238,7 @@ class LmdbLayout:
         and its ``upper``, the header checked. The caller has checked that the page is in the file."""
         size = self.page_size
         page = self._read(pgno * size, size)
-        number, _, page_flags, lower, upper = _PAGE_HEADER.unpack_from(page)
+        number, _, page_flags, lower, upper = PAGE_HEADER.unpack_from(page)
         if number != pgno:
             raise self._damaged(f"the page header says page {number}", pgno)
         if page_flags != flags:
@@ -435,7 +369,7 @@ class LmdbLayout:
             key_end = at + NODE_HEADER + key_size
             if flags & (F_SUBDATA | F_DUPDATA):
                 raise PackFormatError(f"{self.where}: LMDB page {pgno}: node {i} holds a sub-database or "
-                                      f"duplicates (flags 0x{flags:x}); {_UNSUPPORTED}, or if it is one, {_DAMAGED}")
+                                      f"duplicates (flags 0x{flags:x}); {UNSUPPORTED}, or if it is one, {DAMAGED}")
             if flags not in (0, F_BIGDATA):
                 raise self._damaged(f"node {i} has unknown flags 0x{flags:x}", pgno)
             end = key_end + (_PGNO.size if flags else value_size)

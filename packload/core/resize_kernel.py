@@ -3,20 +3,19 @@
 It resamples uint8 RGB images with an antialiased bilinear (triangle) filter, bit-exact with
 torch's uint8 kernel (``interpolate(..., mode="bilinear", antialias=True)``): the same weights,
 the same fixed-point arithmetic, the same rounding, so every pixel is identical whichever of the
-two runs. It is about 3× faster than torch's for the common case of the fast path (a square of
-120-224 pixels enlarged to 224: ~20 µs against ~60-75 µs per image on one core), and it reads the
+two runs. It is faster than torch's for the common case of the fast path (a square of 120-224
+pixels enlarged to 224; BENCHMARKS.md has the figures), and it reads the
 source straight from a strided region (a square inside an image in the memory map, or inside a
 decode buffer), so nothing is copied first. ctypes releases the GIL for the call.
 
 Used only where it is faster than torch: on x86-64 CPUs with AVX2 (elsewhere its portable code
-is slower, and torch resizes). ``PACKLOAD_RESIZE=torch`` makes packload resize with torch even
-where the kernel is available (for comparisons); it is read once, when this module loads.
+is slower, and torch resizes). ``set_enabled(False)`` makes packload resize with torch even where
+the kernel is available (for comparisons; the pixels are the same).
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 from typing import Any
 
@@ -25,15 +24,13 @@ import numpy as np
 _AVX2 = 2  # rs_level(): the code path the kernel takes on this CPU
 _MIN_ROW_BYTES = 16  # the kernel reads up to 16 bytes past a source row's last pixel
 _WEIGHTS_KEPT = 1024  # (input, output) size pairs whose weights are kept (10-20 KB each)
-# Shrinking by more than this, the kernel takes a general loop slower than torch's (a 600-pixel square
-# to 224: 572 against 279 µs); up to it, its fast loops are ~2x torch's speed (448 to 224: 98 against 188).
+# Shrinking by more than this, the kernel takes a general loop slower than torch's; up to it, its
+# fast loops beat torch's.
 _MAX_SHRINK = 2
 
 
 def _load() -> tuple[Any, str | None]:
     """(the kernel's functions, None), or (None, why packload resizes with torch here)."""
-    if os.environ.get("PACKLOAD_RESIZE", "").lower() == "torch":
-        return None, "PACKLOAD_RESIZE=torch"
     try:
         from packload.core import _resize
     except ImportError:
@@ -57,7 +54,8 @@ def _load() -> tuple[Any, str | None]:
     return lib, None
 
 
-_lib, unavailable_reason = _load()
+_built, unavailable_reason = _load()
+_lib = _built  # None while disabled by set_enabled(False)
 _weights: dict[tuple[int, int], int] = {}
 _weights_lock = threading.Lock()
 _scratch = threading.local()
@@ -66,6 +64,15 @@ _scratch = threading.local()
 def available() -> bool:
     """Whether ``resize_region`` resizes here (else ``unavailable_reason`` says why not)."""
     return _lib is not None
+
+
+def set_enabled(enabled: bool) -> None:
+    """Resize with the compiled kernel where it is available (True, the default) or always with torch
+    (False: the same pixels; for comparing the two). Affects this process from the next resize on."""
+    global _lib, unavailable_reason
+    _lib = _built if enabled else None
+    if _built is not None:
+        unavailable_reason = None if enabled else "disabled by resize_kernel.set_enabled(False)"
 
 
 def _weights_for(size_in: int, size_out: int) -> int | None:

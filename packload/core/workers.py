@@ -19,6 +19,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing.context import BaseContext
 
+from packload.core.libc import libc_function
+
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 WATCH_SECONDS = 0.5  # how often the fallback thread looks at the parent
 
@@ -27,11 +29,8 @@ def _set_death_signal() -> bool:
     """Ask Linux to SIGKILL this process when its parent dies; False where that is not available."""
     if not sys.platform.startswith("linux"):
         return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
+    prctl = libc_function("prctl", [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong])
+    return prctl is not None and prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
 
 
 def _watch_parent(parent: int) -> None:

@@ -20,15 +20,9 @@ from typing import Any, TypedDict
 from packload.core.errors import UsageError
 from packload.core.scan import scan_folder
 from packload.core.version import __version__
+from packload.diagnose.checks import Check, check, human_bytes
 from packload.diagnose.gpu_step import DummyStep
-from packload.diagnose.machine import (
-    Check,
-    SystemPaths,
-    check,
-    collect_machine,
-    human_bytes,
-    small_files_check,
-)
+from packload.diagnose.machine import SystemPaths, collect_machine, small_files_check
 from packload.diagnose.stall import (
     StallReport,
     folder_plan,

@@ -15,13 +15,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from packload.diagnose.machine import (
-    cgroup_cpu_limit,
-    cgroup_memory_limit,
-    cgroup_memory_usage,
-    read_meminfo,
-    usable_cpus,
-)
+from packload.core.cpus import usable_cores
+from packload.core.memory import memory_status
 
 
 @dataclass(frozen=True)
@@ -64,36 +59,7 @@ def time_loader(loader: DataLoader, max_batches: int | None = None, warmup_batch
     return LoaderTiming(counted, time.perf_counter() - steady_start, first_batch_s)
 
 
-# -- the machine: usable cores, memory, loader workers (for the tuner and ``doctor``) --------------
-
-
-def usable_cores() -> int:
-    """CPUs this process may use: its affinity, reduced by a cgroup CPU quota (v2 or v1) when set."""
-    try:
-        affinity = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        affinity = os.cpu_count() or 1
-    return max(1, int(usable_cpus(affinity, cgroup_cpu_limit())))
-
-
-def memory_status() -> dict[str, int]:
-    """``total`` and ``available`` bytes for this process: RAM, or its cgroup limit when lower."""
-    info = read_meminfo()
-    if "MemAvailable" not in info:  # not Linux: psutil if installed, else assume nothing is used
-        try:
-            import psutil
-
-            memory = psutil.virtual_memory()
-            info = {"MemTotal": memory.total, "MemAvailable": memory.available}
-        except ImportError:
-            pass
-    total = info.get("MemTotal") or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    available = info.get("MemAvailable", total)
-    limit = cgroup_memory_limit()
-    if limit is not None:
-        usage = cgroup_memory_usage() or 0
-        total, available = min(total, limit), min(available, max(0, limit - usage))
-    return {"total": int(total), "available": int(available)}
+# -- what a loader's workers use (for the tuner and ``doctor``) ------------------------------------
 
 
 def process_memory(pids: list[int]) -> dict[str, int]:

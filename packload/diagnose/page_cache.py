@@ -11,31 +11,32 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import mmap
 import os
+import types
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from packload.core.libc import libc_function
 
 PAGE = mmap.PAGESIZE
 READ_BLOCK = 8 << 20
 _PROT_READ, _MAP_SHARED = 0x1, 0x01
 _MAP_FAILED = ctypes.c_void_p(-1).value
-_libc: Any = None
 
 
+@functools.cache
 def _c() -> Any:
-    """libc with the prototypes of mmap, munmap and mincore (loaded once)."""
-    global _libc
-    if _libc is None:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        libc.mmap.restype = ctypes.c_void_p
-        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                              ctypes.c_long]
-        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
-        _libc = libc
-    return _libc
+    """mmap, munmap and mincore from the C library, with their prototypes (looked up once)."""
+    mmap_ = libc_function("mmap", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                   ctypes.c_long], ctypes.c_void_p)
+    munmap = libc_function("munmap", [ctypes.c_void_p, ctypes.c_size_t])
+    mincore = libc_function("mincore", [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)])
+    if mmap_ is None or munmap is None or mincore is None:
+        raise OSError("no C library with mmap and mincore here")
+    return types.SimpleNamespace(mmap=mmap_, munmap=munmap, mincore=mincore)
 
 
 def resident_pages(path: str | os.PathLike[str]) -> tuple[int, int]:

@@ -28,10 +28,11 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 from tqdm import tqdm
 
+from packload.core.cpus import usable_cores
 from packload.core.errors import PackloadError, UsageError
-from packload.core.format import MANIFEST_NAME
+from packload.core.format import MANIFEST_NAME, shard_number
 from packload.diagnose.gpu_step import DummyStep, iter_tensors
-from packload.diagnose.measure import machine_info, usable_cores
+from packload.diagnose.measure import machine_info
 from packload.diagnose.tune_search import Cycle, MemoryGuard, Search, Trial, TrialRunner, batch_nbytes, select
 from packload.loaders.collate import collate_uint8
 from packload.loaders.dataset import PackedImageFolder
@@ -362,7 +363,8 @@ def open_dataset(path: str | os.PathLike[str], image_size: int = 224) -> Dataset
     centre-cropped to ``image_size`` as a training pipeline would."""
     root = Path(path)
     crop = ResizeCenterCrop(image_size)
-    if root.is_dir() and not (root / MANIFEST_NAME).exists() and not any(root.glob("shard-*.bin")):
+    is_shards = root.is_dir() and any(shard_number(p.name) is not None for p in root.iterdir())
+    if root.is_dir() and not (root / MANIFEST_NAME).exists() and not is_shards:
         dataset = FolderImages(root, transform=crop)
         if len(dataset) == 0:
             raise UsageError(f"{root}: no images found (and not a pack); give a pack or an image folder")

@@ -30,8 +30,9 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from packload.core.memory import memory_status
 from packload.diagnose.gpu_step import DummyStep, iter_tensors
-from packload.diagnose.measure import cpu_seconds, loader_worker_pids, memory_status, process_memory
+from packload.diagnose.measure import cpu_seconds, loader_worker_pids, process_memory
 
 MIN_WINDOWS = 3
 PREFETCH_DEFAULT = 2

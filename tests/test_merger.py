@@ -1,4 +1,4 @@
-"""``packload merge``: packs made separately joined into one, read back record by record."""
+"""``packload merge`` (``packload.merger``): packs made separately joined into one, read back record by record."""
 
 from __future__ import annotations
 

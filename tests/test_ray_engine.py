@@ -14,21 +14,24 @@ from packload import EncodeOptions, PackloadError, SkippedFileError, pack, pack_
 from packload.cli import main
 from packload.loaders.read import PackReader
 from packload.loaders.verify import verify
-from packload.packer.ray_engine import FAULT_ENV, split_ranges
+from packload.packer.ray_engine import split_ranges
 from tests.image_factory import make_image_folder, write_broken_files, write_hidden_and_stray
+from tests.ray_faults import MARKER_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def ray_instance(tmp_path_factory: pytest.TempPathFactory):
-    """A local Ray instance with 2 CPUs whose workers import this checkout and see the fault hook."""
+    """A local Ray instance with 2 CPUs whose workers import this checkout and install the fault
+    injector of tests/ray_faults.py, driven by the marker file yielded."""
     ray = pytest.importorskip("ray", reason="Ray is not installed (pip install -e \".[ray]\")")
     marker = tmp_path_factory.mktemp("fault") / "fault"
-    saved = {key: os.environ.get(key) for key in (FAULT_ENV, "PYTHONPATH")}
-    os.environ[FAULT_ENV] = str(marker)
+    saved = {key: os.environ.get(key) for key in (MARKER_ENV, "PYTHONPATH")}
+    os.environ[MARKER_ENV] = str(marker)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), saved["PYTHONPATH"]]))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"worker_process_setup_hook": "tests.ray_faults.install"})
     try:
         yield marker
     finally:

@@ -1,4 +1,4 @@
-"""Every writer builds its manifest with ``packload.core.format.build_manifest``: a fresh ``id`` per pack,
+"""Every writer builds its manifest with ``packload.core.manifest.build_manifest``: a fresh ``id`` per pack,
 skipped and left-out lists capped with their full counts beside them, and those counts (not the
 lengths of the capped lists) used by the summary, by ``verify`` and by ``merge``."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import packload.core.format as fmt
+import packload.core.manifest as manifest_module
 from packload import merge, pack
 from packload.loaders.read import PackReader
 from packload.loaders.verify import verify
@@ -38,8 +38,8 @@ def manifest_of(path: Path) -> dict:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_long_lists_are_capped_and_counted(source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                            backend: str) -> None:
-    monkeypatch.setattr(fmt, "SKIPPED_LISTED", 2)
-    monkeypatch.setattr(fmt, "IGNORED_LISTED", 3)
+    monkeypatch.setattr(manifest_module, "SKIPPED_LISTED", 2)
+    monkeypatch.setattr(manifest_module, "IGNORED_LISTED", 3)
     summary = pack(source, tmp_path / f"p.{backend}", workers=1, progress=False)
     manifest = manifest_of(tmp_path / f"p.{backend}")
     assert len(manifest["skipped"]) == 2 and manifest["skipped_count"] == summary["skipped"] == 5
@@ -52,14 +52,14 @@ def test_long_lists_are_capped_and_counted(source: Path, tmp_path: Path, monkeyp
 @pytest.mark.parametrize("out_backend", BACKENDS)
 def test_merge_sums_the_counts_and_keeps_the_capped_lists(source: Path, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch, out_backend: str) -> None:
-    monkeypatch.setattr(fmt, "SKIPPED_LISTED", 2)
+    monkeypatch.setattr(manifest_module, "SKIPPED_LISTED", 2)
     other = tmp_path / "other"
     make_image_folder(other, classes=("b", "c"), per_class=2, seed=3)
     write_broken_files(other / "c")
     inputs = [tmp_path / "one.lmdb", tmp_path / "two.shards"]
     pack(source, inputs[0], workers=1, progress=False)
     pack(other, inputs[1], workers=1, progress=False)
-    monkeypatch.setattr(fmt, "SKIPPED_LISTED", 3)
+    monkeypatch.setattr(manifest_module, "SKIPPED_LISTED", 3)
     out = tmp_path / f"m.{out_backend}"
     merge(out, inputs, progress=False)
     manifest, parts = manifest_of(out), [manifest_of(p) for p in inputs]

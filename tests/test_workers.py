@@ -1,6 +1,7 @@
-"""Worker processes end when the command that started them is killed outright (``kill -9``):
-the pack pipeline's process pool, the synthetic image writer's pool, and the portable fallback
-(a thread watching the parent) where Linux's parent-death signal is not available."""
+"""Worker processes end when the command that started them is killed outright (``kill -9``)
+(``packload.core.workers``): the pack pipeline's process pool, the synthetic image writer's pool,
+and the portable fallback (a thread watching the parent) where Linux's parent-death signal is not
+available."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 from PIL import Image
 
 from tests.image_factory import textured_rgb
-from tests.reliability_tools import REPO, _env
+from tests.reliability.packs import REPO, child_env
 
 GONE_WITHIN = 5.0  # seconds the workers may take to end after their parent is killed
 
@@ -86,7 +87,7 @@ def png_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_pack_workers_end_when_pack_is_killed(png_source: Path, tmp_path: Path, backend: str) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "packload", "pack", str(png_source), str(tmp_path / f"x.{backend}"),
                              "--encoding", "png", "--check", "full", "--workers", "2", "--quiet"],
-                            cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            cwd=REPO, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     assert kill_and_wait(proc, workers=2) == []
 
 
@@ -104,7 +105,7 @@ _SYNTHETIC_CHILD = textwrap.dedent("""
 
 
 def test_synthetic_workers_end_when_their_parent_is_killed(tmp_path: Path) -> None:
-    proc = subprocess.Popen([sys.executable, "-c", _SYNTHETIC_CHILD, str(tmp_path / "out")], cwd=REPO, env=_env(),
+    proc = subprocess.Popen([sys.executable, "-c", _SYNTHETIC_CHILD, str(tmp_path / "out")], cwd=REPO, env=child_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     assert kill_and_wait(proc, workers=2) == []
 
@@ -121,7 +122,7 @@ _FALLBACK_CHILD = textwrap.dedent("""
 
 
 def test_the_fallback_watcher_ends_workers_too() -> None:
-    proc = subprocess.Popen([sys.executable, "-c", _FALLBACK_CHILD], cwd=REPO, env=_env())
+    proc = subprocess.Popen([sys.executable, "-c", _FALLBACK_CHILD], cwd=REPO, env=child_env())
     assert kill_and_wait(proc, workers=2) == []
 
 
@@ -130,6 +131,6 @@ def test_a_worker_whose_parent_is_already_gone_ends_at_once() -> None:
     parent than the one it was given, and ends."""
     script = "import sys; from packload.core.workers import die_with_parent; die_with_parent(int(sys.argv[1])); print('ran')"
     not_its_parent = os.getpid() + 1  # its parent is this process
-    result = subprocess.run([sys.executable, "-c", script, str(not_its_parent)], cwd=REPO, env=_env(),
+    result = subprocess.run([sys.executable, "-c", script, str(not_its_parent)], cwd=REPO, env=child_env(),
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and "ran" not in result.stdout
