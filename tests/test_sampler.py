@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packload.packload.loaders.sampler import PackSampler, shuffle_quality
+from packload.loaders.sampler import PackSampler, shuffle_quality
 
 ORDERS = ["block", "random", "sequential"]
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from packload.packload.packer.synthetic import make_cifar_like, make_imagenet_like
+from packload.packer.synthetic import make_cifar_like, make_imagenet_like
 from tests.image_factory import (
     make_image_folder,
     write_broken_files,
