@@ -3,6 +3,7 @@ pixels on the fast path (``PackLoader``) and the drop-in path (the crop as a tra
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -296,3 +297,19 @@ def test_loader_arguments(packs):
         PackLoader(ds, 4, flip=True, encoded=True)
     with pytest.raises(ValueError, match="flip"):
         PackLoader(ds, 4, flip=2)
+
+
+def test_benchmark_runs_and_its_pil_crop_follows_the_algorithm(packs, capsys):
+    from benchmarks import bench_random_crop
+
+    pil = bench_random_crop.PilRandomResizedCrop(224)
+    boxes = np.array([pil.box(192, 256) for _ in range(DRAWS)])
+    generator = torch.Generator().manual_seed(3)
+    ref = np.array([torchvision_get_params(192, 256, SCALE, RATIO, generator) for _ in range(DRAWS)])
+    fraction = lambda b: b[:, 2] * b[:, 3] / (192 * 256)  # noqa: E731
+    assert ks_statistic(fraction(boxes), fraction(ref)) < KS_LIMIT
+    assert pil(Image.new("RGB", (30, 20))).shape == (224, 224, 3)
+    assert bench_random_crop.main([str(packs["raw"]), "--rounds", "1", "--batch-size", "8", "--cores", "1",
+                                   "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)["results"][0]
+    assert set(result["contenders"]) == {"packloader", "dataloader-pil", "dataloader-packload"}
