@@ -40,7 +40,9 @@ class PackedImageFolder(Dataset):
 
     Args:
         root: the ``.lmdb`` file or shards folder that ``pack`` wrote.
-        transform: applied to the image, as in ImageFolder.
+        transform: applied to the image, as in ImageFolder. A ``RandomResizedCrop`` (a transform
+            whose draws are keyed by the sample) is called with the record's index and the key
+            set by ``set_epoch``, so it gives each sample the crop ``PackLoader`` gives it.
         target_transform: applied to the class index.
         output: ``pil`` (RGB image, the default), ``numpy`` (HxWx3 uint8), ``tensor`` (3xHxW uint8)
             or ``bytes`` (the stored payload, undecoded).
