@@ -12,6 +12,7 @@ from packload.loaders.crop import CenterCrop
 from packload.loaders.dataset import PackedImageFolder
 from packload.loaders.decode import fast_jpeg_available
 from packload.loaders.pack_loader import PackLoader
+from packload.loaders.random_crop import RandomResizedCrop
 from packload.loaders.read import PackReader
 from packload.loaders.sampler import PackSampler
 from packload.loaders.shuffle_quality import shuffle_quality
@@ -23,6 +24,7 @@ __all__ = [
     "PackReader",
     "PackSampler",
     "PackedImageFolder",
+    "RandomResizedCrop",
     "batch_loader",
     "collate_uint8",
     "fast_jpeg_available",

@@ -12,7 +12,9 @@ Two routes, both writing straight into the batch (no per-sample tensors, nothing
   crop into a channels-last batch, upright raw and libjpeg-turbo JPEG records take a shorter
   route (``_CropFill``): the square is copied straight from the memory map (or the JPEG decoded
   into one buffer reused for the batch) and resized into its slot by one torch call, with the
-  per-record bookkeeping done once per batch in NumPy. Same pixels as the general route.
+  per-record bookkeeping done once per batch in NumPy. Same pixels as the general route. A
+  ``RandomResizedCrop`` draws every box of the batch at once and takes ``box_fill.BoxFill``'s
+  route, the same for boxes of any shape.
 """
 
 from __future__ import annotations
@@ -26,13 +28,22 @@ from PIL import Image
 from packload.core import resize_kernel
 from packload.core.errors import PackFormatError, UsageError
 from packload.core.format import FORMAT_CODE, PAYLOAD_FORMATS
-from packload.loaders.crop import CenterCrop, interleaved, resize
-from packload.loaders.decode import DECODE_ERRORS, decode_array, decode_failure, raw_array, simplejpeg
+from packload.loaders.box_fill import BoxFill
+from packload.loaders.crop import CenterCrop, crop_box_into, interleaved, resize, scaled_box
+from packload.loaders.decode import (
+    DECODE_ERRORS,
+    JPEG_START,
+    decode_array,
+    decode_failure,
+    raw_array,
+    scaled_from,
+    simplejpeg,
+)
 from packload.loaders.prefetch import distinct
+from packload.loaders.random_crop import Draws, RandomResizedCrop
 from packload.loaders.read import PackReader
 
 Replace = Callable[[int, Exception], tuple[int, memoryview]]
-_JPEG_START = b"\xff\xd8\xff"
 _SOURCES_KEPT = 128  # parts' strided views kept
 _FEW_PARTS = 8  # above this many parts in one batch, a per-record loop beats one gather per part
 
@@ -134,37 +145,52 @@ class RawGather:
 
 
 def fill_decoded(reader: PackReader, positions: Sequence[int], payloads: Sequence[memoryview], out: torch.Tensor,
-                 *, crop: CenterCrop | None, fast_jpeg: bool = True, exif_transpose: bool = False,
-                 replace: Replace | None = None, fast_idct: bool = False) -> list[int]:
+                 *, crop: CenterCrop | RandomResizedCrop | None, fast_jpeg: bool = True, exif_transpose: bool = False,
+                 replace: Replace | None = None, fast_idct: bool = False, draws: Draws | None = None) -> list[int]:
     """Decode each payload into its slot of ``out`` (B×3×H×W uint8, any memory layout): cropped
     and resized by ``crop``, or copied as it is when every image already has the batch's size.
 
     A payload that cannot be decoded raises ``PackFormatError`` naming the record, or, with
-    ``replace``, is swapped for the record ``replace(index, error)`` gives. ``fast_idct`` decodes
-    JPEGs with libjpeg-turbo's fast integer IDCT. Returns the record numbers whose images fill the
-    batch (``positions`` unless some were replaced)."""
+    ``replace``, is swapped for the record ``replace(index, error)`` gives (a ``RandomResizedCrop``
+    then draws the replacement's box with the replaced record's key). ``fast_idct`` decodes JPEGs
+    with libjpeg-turbo's fast integer IDCT; ``draws`` keys a ``RandomResizedCrop``'s boxes.
+    Returns the record numbers whose images fill the batch (``positions`` unless some were replaced)."""
     chosen = [int(index) for index in positions]
     if len(chosen) != len(payloads):
         raise ValueError(f"{len(chosen)} records but {len(payloads)} payloads")
-    fast = None
+    boxed = isinstance(crop, RandomResizedCrop)
+    draws = draws or Draws()
+    boxes = crop.boxes(*upright_sizes(reader, chosen, exif_transpose), np.asarray(chosen), draws) if boxed else None
+    fast: _CropFill | BoxFill | None = None
     if crop is not None and chosen and out.is_contiguous(memory_format=torch.channels_last):
-        fast = _CropFill(reader, chosen, crop, out, fast_jpeg and simplejpeg is not None, exif_transpose, fast_idct)
-        fast.fill_raw_squares()
+        jpeg = fast_jpeg and simplejpeg is not None
+        if boxed:
+            fast = BoxFill(reader, chosen, crop, boxes, out, jpeg, exif_transpose, fast_idct)
+        else:
+            fast = _CropFill(reader, chosen, crop, out, jpeg, exif_transpose, fast_idct)
+            fast.fill_raw_squares()
     for k, view in enumerate(payloads):
         if fast is not None and fast.fill(k, view):
             continue
-        index = chosen[k]
+        index = key = chosen[k]
+        box = tuple(boxes[k].tolist()) if boxed else None
         while True:
             try:
-                pixels = _decode(reader, index, view, crop, fast_jpeg, exif_transpose, fast_idct)
+                pixels = _decode(reader, index, view, crop, fast_jpeg, exif_transpose, fast_idct, box)
                 break
             except PackFormatError as exc:
                 if replace is None:
                     raise
                 index, view = replace(index, exc)
                 index = chosen[k] = int(index)
+                if boxed:
+                    heights, widths = upright_sizes(reader, [index], exif_transpose)
+                    box = crop.box(int(heights[0]), int(widths[0]), key, draws)
         slot = out[k]
-        if crop is not None:
+        if boxed:
+            heights, widths = upright_sizes(reader, [index], exif_transpose)
+            crop_box_into(pixels, scaled_box(box, int(heights[0]), int(widths[0]), *pixels.shape[:2]), slot)
+        elif crop is not None:
             crop.into(pixels, slot)
         elif pixels.shape[:2] != tuple(slot.shape[1:]):
             raise UsageError(f"{reader.where(index)}: image is {pixels.shape[0]}x{pixels.shape[1]}, the batch "
@@ -172,6 +198,17 @@ def fill_decoded(reader: PackReader, positions: Sequence[int], payloads: Sequenc
         else:
             np.copyto(slot.numpy(), pixels.transpose(2, 0, 1))
     return chosen
+
+
+def upright_sizes(reader: PackReader, positions: Sequence[int], exif_transpose: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(heights, widths) of records as they are shown: with ``exif_transpose``, orientations 5-8
+    (stored sideways) swap their sides."""
+    entries = reader.entries[np.asarray(positions, dtype=np.int64)]
+    heights, widths = entries["height"].astype(np.int64), entries["width"].astype(np.int64)
+    if exif_transpose:
+        sideways = np.isin(entries["orientation"], (5, 6, 7, 8))
+        heights, widths = np.where(sideways, widths, heights), np.where(sideways, heights, widths)
+    return heights, widths
 
 
 class _CropFill:
@@ -261,7 +298,7 @@ class _CropFill:
                 return True
             np.copyto(np.ndarray((side, side, 3), np.uint8, self.scratch), square)  # one copy, straight from the map
             square = self.flat.as_strided((1, 3, side, side), (side * side * 3, 1, side * 3, 3))
-        elif self.jpeg[k] and view[:3] == _JPEG_START:  # only what starts as a JPEG reaches libjpeg-turbo
+        elif self.jpeg[k] and view[:3] == JPEG_START:  # only what starts as a JPEG reaches libjpeg-turbo
             try:  # sizes from the index, no header call: each call into simplejpeg gives the GIL up and
                 # must win it back, which a training loop holding the GIL makes slow (benchmarks/bench_gil.py).
                 # An image larger than the index says does not fit the buffer: simplejpeg refuses it.
@@ -271,7 +308,7 @@ class _CropFill:
             except DECODE_ERRORS:
                 return False  # the general route decides: PIL, or a clear error naming the record
             height, width = pixels.shape[:2]
-            if not _scaled_from(height, width, self.heights[k], self.widths[k]):
+            if not scaled_from(height, width, self.heights[k], self.widths[k]):
                 return False  # not the size the index gives: the general route names the record
             top, left, side = self.crop.window(height, width)
             if self.kernel and side != self.crop.size and \
@@ -295,15 +332,11 @@ class _CropFill:
         return resize_kernel.resize_region(source, row_bytes, side, side, slot.data_ptr(), slot.stride(2), size, size)
 
 
-def _scaled_from(height: int, width: int, stored_height: int, stored_width: int) -> bool:
-    """Whether a JPEG decoded to ``height`` x ``width`` is the stored image at one of libjpeg-turbo's
-    scales (n/8 of each side, rounded up)."""
-    return any(height == -(-stored_height * n // 8) and width == -(-stored_width * n // 8) for n in range(1, 9))
-
-
-def _decode(reader: PackReader, index: int, view: memoryview, crop: CenterCrop | None, fast_jpeg: bool,
-            exif_transpose: bool, fast_idct: bool = False) -> np.ndarray:
-    """Record ``index``'s pixels, HxWx3 uint8 (a zero-copy view for raw); PackFormatError if damaged."""
+def _decode(reader: PackReader, index: int, view: memoryview, crop: CenterCrop | RandomResizedCrop | None,
+            fast_jpeg: bool, exif_transpose: bool, fast_idct: bool = False,
+            box: tuple[int, int, int, int] | None = None) -> np.ndarray:
+    """Record ``index``'s pixels, HxWx3 uint8 (a zero-copy view for raw); PackFormatError if damaged.
+    ``box`` is a ``RandomResizedCrop``'s box (in the upright image), for a reduced-scale decode."""
     entry = reader.entries[index]
     width, height = int(entry["width"]), int(entry["height"])
     fmt = PAYLOAD_FORMATS[int(entry["format"])]
@@ -312,16 +345,23 @@ def _decode(reader: PackReader, index: int, view: memoryview, crop: CenterCrop |
         if fmt == "raw" and orientation == 0:
             return raw_array(view, width, height)
         mode = entry["mode"].decode("ascii", "replace")
-        return decode_array(view, fmt, mode, width, height, _decode_size(crop, height, width, orientation),
+        return decode_array(view, fmt, mode, width, height, _decode_size(crop, height, width, orientation, box),
                             orientation, fast_jpeg, fast_idct)
     except DECODE_ERRORS as exc:
         raise decode_failure(exc, reader.where(index)) from exc
 
 
-def _decode_size(crop: CenterCrop | None, height: int, width: int, orientation: int) -> tuple[int, int] | None:
-    """The smallest (height, width) a JPEG may be decoded at for ``crop`` (None: full size)."""
+def _decode_size(crop: CenterCrop | RandomResizedCrop | None, height: int, width: int, orientation: int,
+                 box: tuple[int, int, int, int] | None = None) -> tuple[int, int] | None:
+    """The smallest (height, width) a JPEG may be decoded at for ``crop`` (None: full size), in the
+    upright image's terms (``decode_array`` turns them back for images stored sideways)."""
+    if orientation in (5, 6, 7, 8):  # stored sideways: the crop sees the upright size, sides swapped
+        height, width = width, height
+    if isinstance(crop, RandomResizedCrop):
+        if box is None:
+            return None
+        size = crop.decode_size(box, height, width)
+        return None if size == (0, 0) else size
     if crop is None or crop.decode_scale(height, width) >= 1.0:
         return None
-    if orientation in (5, 6, 7, 8):  # stored sideways: the crop sees the upright size, sides swapped
-        return crop.min_decode_size(width, height)
     return crop.min_decode_size(height, width)

@@ -84,6 +84,33 @@ class CenterCrop:
         return out.numpy()
 
 
+def scaled_box(box: tuple[int, int, int, int], height: int, width: int, got_height: int,
+               got_width: int) -> tuple[int, int, int, int]:
+    """``box`` (top, left, height, width) of a ``height`` × ``width`` image, moved onto the same
+    image decoded at ``got_height`` × ``got_width`` (a reduced DCT scale): edges rounded to the
+    nearest pixel, at least one pixel on a side."""
+    if (got_height, got_width) == (height, width):
+        return box
+    top, left, box_h, box_w = box
+    sy, sx = got_height / height, got_width / width
+    new_top, new_left = min(got_height - 1, int(top * sy + 0.5)), min(got_width - 1, int(left * sx + 0.5))
+    bottom, right = min(got_height, int((top + box_h) * sy + 0.5)), min(got_width, int((left + box_w) * sx + 0.5))
+    return new_top, new_left, max(1, bottom - new_top), max(1, right - new_left)
+
+
+def crop_box_into(image: np.ndarray, box: tuple[int, int, int, int], out: torch.Tensor) -> None:
+    """Resize the ``box`` (top, left, height, width) of HxWx3 uint8 ``image`` into ``out`` (a
+    3×S×S uint8 view of any layout): the resampling of ``RandomResizedCrop`` on both paths."""
+    top, left, box_h, box_w = box
+    region = image[top : top + box_h, left : left + box_w]
+    if (box_h, box_w) == tuple(out.shape[1:]):
+        np.copyto(out.numpy(), region.transpose(2, 0, 1))
+        return
+    if not region.flags.writeable:  # a view of the memory map: torch takes writable arrays only (the box alone is copied)
+        region = region.copy()
+    resize(torch.from_numpy(region).permute(2, 0, 1).unsqueeze(0), out.unsqueeze(0))
+
+
 def _resize_into(image: np.ndarray, out: torch.Tensor) -> None:
     """Bilinear, antialiased resize of HxWx3 uint8 ``image`` into ``out`` (3×h×w uint8 view)."""
     resize(torch.from_numpy(image).permute(2, 0, 1).unsqueeze(0), out.unsqueeze(0))

@@ -27,8 +27,9 @@ from packload.loaders.collate import collate_encoded, collate_uint8
 from packload.loaders.crop import CenterCrop
 from packload.loaders.decode import DECODE_ERRORS, decode_array, decode_failure, decode_pil, to_output
 from packload.loaders.hints import PackHints
+from packload.loaders.random_crop import Draws, RandomResizedCrop, flip_probability, flips
 from packload.loaders.read import PackReader
-from packload.loaders.sampler import PackSampler, Prefetch
+from packload.loaders.sampler import PackSampler, Prefetch, default_rank
 
 OUTPUTS = ("pil", "numpy", "tensor", "bytes")
 ON_ERROR = ("raise", "skip")
@@ -39,7 +40,9 @@ class PackedImageFolder(Dataset):
 
     Args:
         root: the ``.lmdb`` file or shards folder that ``pack`` wrote.
-        transform: applied to the image, as in ImageFolder.
+        transform: applied to the image, as in ImageFolder. A ``RandomResizedCrop`` (a transform
+            whose draws are keyed by the sample) is called with the record's index and the key
+            set by ``set_epoch``, so it gives each sample the crop ``PackLoader`` gives it.
         target_transform: applied to the class index.
         output: ``pil`` (RGB image, the default), ``numpy`` (HxWx3 uint8), ``tensor`` (3xHxW uint8)
             or ``bytes`` (the stored payload, undecoded).
@@ -86,6 +89,7 @@ class PackedImageFolder(Dataset):
         self.class_to_idx: dict[str, int] = {name: i for i, name in enumerate(self.classes)}
         self._reader: PackReader | None = None
         self._gather: RawGather | None = None
+        self._draws = Draws()
 
     # -- ImageFolder's surface -------------------------------------------------------------
     def __len__(self) -> int:
@@ -111,9 +115,22 @@ class PackedImageFolder(Dataset):
             views = [None] * len(positions)  # fall back to one record at a time below
         return [self._sample(reader, i, view) for i, view in zip(positions.tolist(), views, strict=True)]
 
-    def get_batch(self, indices: Sequence[int], channels_last: bool = False, *, crop: CenterCrop | None = None,
-                  pin_memory: bool = False, fast_idct: bool = False,
-                  out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def set_epoch(self, epoch: int, seed: int = 0, rank: int | None = None) -> None:
+        """The key of random transforms' draws (``RandomResizedCrop``, its flip) on the drop-in path:
+        give the sampler's ``epoch`` and ``seed`` (``rank``: the sampler's, by default
+        torch.distributed's), and each sample gets the crop ``PackLoader`` gives it. Call it every
+        epoch before iterating; DataLoader workers see it when they start, so with
+        ``persistent_workers=True`` the draws keep the epoch the workers started in."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        self._draws = Draws(seed, epoch, default_rank() if rank is None else int(rank))
+
+    def get_batch(self, indices: Sequence[int], channels_last: bool = False, *,
+                  crop: CenterCrop | RandomResizedCrop | None = None, pin_memory: bool = False,
+                  fast_idct: bool = False, flip: bool | float = False,
+                  draws: Draws | None = None, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Read, decode and stack a whole batch: ``(B×3×H×W uint8, B int64)`` in one call.
 
         The fast path for training loops (``PackLoader`` and ``batch_loader`` use it): every image
@@ -125,23 +142,31 @@ class PackedImageFolder(Dataset):
         ``pin_memory`` page-locked memory (when CUDA is available). ``fast_idct`` decodes JPEGs with
         libjpeg-turbo's fast integer IDCT (as FFCV does): a few percent faster, pixels about one level
         of 255 from the exact IDCT's on average, so no longer identical to the drop-in path's.
+        ``flip`` mirrors images horizontally with that probability (True: 0.5); ``draws`` (seed,
+        epoch, rank) keys a ``RandomResizedCrop``'s boxes and the flips, with each record's index.
         ``out``: a cropped batch is written into it when it has the batch's shape and layout (a batch
         that nothing else refers to any more: ``PackLoader`` reuses its batches).
         """
+        flip = flip_probability(flip)
         reader = self.reader()
         positions = reader.positions(indices)
+        draws = draws or Draws()
         if crop is None and self.transform is not None:  # the caller's transform decides the size
             batch, labels = collate_uint8(self.__getitems__(positions.tolist()), pin_memory=pin_memory)
-            return (batch.contiguous(memory_format=torch.channels_last) if channels_last else batch), labels
-        pin = pin_memory and torch.cuda.is_available()
-        if crop is None and self.encoding == "raw" and not self.exif_transpose:
+            batch = batch.contiguous(memory_format=torch.channels_last) if channels_last else batch
+        elif crop is None and self.encoding == "raw" and not self.exif_transpose:
             try:
-                return self._gather_batch(reader, positions, channels_last, pin)
+                batch, labels = self._gather_batch(reader, positions, channels_last, pin_memory)
             except ChecksumError:
                 if self.on_error == "raise":
                     raise  # else decode record by record below, replacing the damaged ones
-        return self._decode_batch(reader, positions, crop, channels_last, pin, out if crop is not None else None,
-                                  fast_idct)
+                batch, labels = self._decode_batch(reader, positions, crop, channels_last, pin_memory)
+        else:
+            batch, labels = self._decode_batch(reader, positions, crop, channels_last, pin_memory,
+                                               out if crop is not None else None, fast_idct, draws)
+        if flip:
+            _mirror(batch, flips(positions, draws, flip))
+        return batch, labels
 
     def get_encoded_batch(self, indices: Sequence[int], *,
                           pin_memory: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -158,8 +183,9 @@ class PackedImageFolder(Dataset):
         return collate_encoded(list(zip(views, labels, strict=True)), pin_memory=pin_memory)
 
     def _gather_batch(self, reader: PackReader, positions: np.ndarray, channels_last: bool,
-                      pin: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                      pin_memory: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """A raw batch copied straight from the memory map (no decode)."""
+        pin = pin_memory and torch.cuda.is_available()
         plan = self._raw_gather(reader)
         if pin or self.verify or plan.size is None:
             height, width = plan.size if plan.size is not None else self._batch_size_of(reader, positions, None)
@@ -173,11 +199,12 @@ class PackedImageFolder(Dataset):
         labels = torch.from_numpy(plan.labels[positions])
         return images, (labels.pin_memory() if pin else labels)
 
-    def _decode_batch(self, reader: PackReader, positions: np.ndarray, crop: CenterCrop | None, channels_last: bool,
-                      pin: bool, images: torch.Tensor | None = None,
-                      fast_idct: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def _decode_batch(self, reader: PackReader, positions: np.ndarray, crop: CenterCrop | RandomResizedCrop | None,
+                      channels_last: bool, pin_memory: bool, images: torch.Tensor | None = None,
+                      fast_idct: bool = False, draws: Draws | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """A batch decoded (and cropped) record by record, damaged records replaced under ``on_error="skip"``;
         written into ``images`` when it has the batch's shape and layout, else into a new tensor."""
+        pin = pin_memory and torch.cuda.is_available()
         height, width = self._batch_size_of(reader, positions, crop)
         count = len(positions)
         layout = torch.channels_last if channels_last else torch.contiguous_format
@@ -186,7 +213,8 @@ class PackedImageFolder(Dataset):
             images = torch.empty((count, 3, height, width), dtype=torch.uint8, pin_memory=pin, memory_format=layout)
         chosen, views = self._payloads(reader, positions)
         chosen = fill_decoded(reader, chosen, views, images, crop=crop, fast_jpeg=self.fast_jpeg,
-                              exif_transpose=self.exif_transpose, replace=self._replacer(reader), fast_idct=fast_idct)
+                              exif_transpose=self.exif_transpose, replace=self._replacer(reader), fast_idct=fast_idct,
+                              draws=draws)
         labels = torch.from_numpy(reader.entries["label"][np.asarray(chosen, dtype=np.int64)].astype(np.int64))
         return images, (labels.pin_memory() if pin else labels)
 
@@ -196,7 +224,8 @@ class PackedImageFolder(Dataset):
             self._gather = RawGather(reader)
         return self._gather
 
-    def _batch_size_of(self, reader: PackReader, positions: np.ndarray, crop: CenterCrop | None) -> tuple[int, int]:
+    def _batch_size_of(self, reader: PackReader, positions: np.ndarray,
+                       crop: CenterCrop | RandomResizedCrop | None) -> tuple[int, int]:
         """(height, width) of the batch: the crop's, or the one size every record has."""
         if crop is not None:
             return crop.size, crop.size
@@ -334,7 +363,9 @@ class PackedImageFolder(Dataset):
                 warnings.warn(f"skipping damaged {reader.where(candidate)}: {exc}", stacklevel=3)
                 continue
             target = self.targets[candidate]
-            if self.transform is not None:
+            if getattr(self.transform, "keyed", False):  # draws keyed by the sample (RandomResizedCrop)
+                image = self.transform(image, index=index, draws=self._draws)
+            elif self.transform is not None:
                 image = self.transform(image)
             if self.target_transform is not None:
                 target = self.target_transform(target)
@@ -364,3 +395,10 @@ class PackedImageFolder(Dataset):
         return (f"PackedImageFolder({str(self.root)!r}, records={len(self)}, classes={len(self.classes)}, "
                 f"encoding={self.encoding!r}, output={self.output!r})")
 
+
+
+def _mirror(images: torch.Tensor, mirrored: np.ndarray) -> None:
+    """Mirror the images of ``images`` (B×3×H×W) whose ``mirrored`` entry is True, in place."""
+    if mirrored.any():
+        rows = torch.from_numpy(np.flatnonzero(mirrored))
+        images[rows] = images[rows].flip(3)

@@ -39,7 +39,8 @@ _TRANSPOSE = {
     8: Image.Transpose.ROTATE_90,
 }
 _SIMPLEJPEG_MODES = ("RGB", "L")  # CMYK/YCCK JPEGs go through PIL to match its colour conversion
-_JPEG_START = b"\xff\xd8\xff"  # start of image, then the first marker
+JPEG_START = b"\xff\xd8\xff"  # start of image, then the first marker
+_JPEG_START = JPEG_START
 
 
 DECODE_ERRORS = (Image.DecompressionBombError, OSError, ValueError, SyntaxError)  # what decoders raise
@@ -67,6 +68,12 @@ def raw_array(payload: memoryview | bytes, width: int, height: int) -> np.ndarra
     if len(payload) != expected:
         raise ValueError(f"raw payload of {len(payload)} bytes, expected {height}x{width}x3 = {expected}")
     return np.frombuffer(payload, dtype=np.uint8).reshape(height, width, 3)
+
+
+def scaled_from(height: int, width: int, stored_height: int, stored_width: int) -> bool:
+    """Whether a JPEG decoded to ``height`` x ``width`` is the stored image at one of libjpeg-turbo's
+    scales (n/8 of each side, rounded up)."""
+    return any(height == -(-stored_height * n // 8) and width == -(-stored_width * n // 8) for n in range(1, 9))
 
 
 def _stored_size(size: tuple[int, int], orientation: int) -> tuple[int, int]:

@@ -9,6 +9,7 @@ dataset's ``PackSampler`` (same seed, same order as the DataLoader path; DDP ran
 resume through ``state_dict``).
 
     loader = PackLoader(ds, 256, crop=CenterCrop(224), threads=8)
+    train = PackLoader(ds, 256, crop=RandomResizedCrop(224), flip=True)   # training augmentation
     for epoch in range(epochs):
         loader.set_epoch(epoch)
         for images, labels in loader:          # B×3×224×224 uint8 (channels-last), B int64
@@ -33,6 +34,7 @@ from packload.core.threads import single_core_torch_pool
 from packload.core.torch_private import storage_use_count, storage_use_count_available
 from packload.loaders.crop import CenterCrop
 from packload.loaders.dataset import PackedImageFolder
+from packload.loaders.random_crop import Draws, RandomResizedCrop, flip_probability
 from packload.loaders.sampler import PackSampler
 
 _REMOTE_COPY_THREADS = 4  # threads copying batches on network and FUSE storage with no announcements (see __init__)
@@ -46,7 +48,12 @@ class PackLoader:
             pack whose images are all one size, such as ``--encoding raw --size 32x32``).
         batch_size: samples per batch.
         sampler: the order; defaults to ``dataset.sampler()`` (block-shuffled, rank-aware).
-        crop: a ``CenterCrop`` (or an int, the crop's side) applied to every image.
+        crop: a ``CenterCrop`` (or an int, the crop's side) applied to every image, or a
+            ``RandomResizedCrop``, whose boxes are drawn per sample from the sampler's seed, epoch
+            and rank and the record's index (the same crops for the same seed; a resumed epoch
+            gets the crops it would have had).
+        flip: mirror images horizontally with this probability (True: 0.5), drawn per sample like
+            a ``RandomResizedCrop``'s boxes; with any crop, or none. Default: the crop's ``flip``.
         threads: threads building batches; 0 builds them in the loop's own thread. Default: the
             usable CPU cores when images are decoded or cropped, else 0 (copying raw pixels or
             stored bytes is quickest without handing batches between threads; 4 on network and FUSE
@@ -67,9 +74,10 @@ class PackLoader:
     """
 
     def __init__(self, dataset: PackedImageFolder, batch_size: int, *, sampler: PackSampler | None = None,
-                 crop: CenterCrop | int | None = None, threads: int | None = None, prefetch: int | None = None,
-                 drop_last: bool = False, channels_last: bool = True, pin_memory: bool = False,
-                 encoded: bool = False, fast_idct: bool = False) -> None:
+                 crop: CenterCrop | RandomResizedCrop | int | None = None, flip: bool | float | None = None,
+                 threads: int | None = None, prefetch: int | None = None, drop_last: bool = False,
+                 channels_last: bool = True, pin_memory: bool = False, encoded: bool = False,
+                 fast_idct: bool = False) -> None:
         if not isinstance(dataset, PackedImageFolder):
             raise TypeError(f"PackLoader reads a PackedImageFolder, got {type(dataset).__name__}")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -78,10 +86,11 @@ class PackLoader:
         self.batch_size = batch_size
         self.sampler = sampler if sampler is not None else dataset.sampler()
         self.crop = CenterCrop(crop) if isinstance(crop, int) else crop
+        self.flip = self._flip_of(self.crop, flip)
         self.encoded = encoded
         self.fast_idct = fast_idct
-        if encoded and self.crop is not None:
-            raise ValueError("encoded=True yields the stored bytes: a crop cannot apply; drop one of them")
+        if encoded and (self.crop is not None or self.flip):
+            raise ValueError("encoded=True yields the stored bytes: a crop or flip cannot apply; drop one of them")
         copy_only = encoded or (self.crop is None and dataset.encoding == "raw" and not dataset.exif_transpose)
         if threads is None:  # copying needs no threads where the sampler announces the order: on a
             # local disk the kernel reads ahead, on network and FUSE storage the reader's own threads do
@@ -105,6 +114,17 @@ class PackLoader:
         self._pool_pid = 0
         self._start = 0  # position in the epoch where the current iteration began
         self._consumed = 0  # samples of the current iteration handed to the training loop
+
+    @staticmethod
+    def _flip_of(crop: CenterCrop | RandomResizedCrop | None, flip: bool | float | None) -> float:
+        """The flip probability: ``flip``'s, else the crop's; refuses two different ones."""
+        own = crop.flip if isinstance(crop, RandomResizedCrop) else 0.0
+        if flip is None:
+            return own
+        probability = flip_probability(flip)
+        if own and probability != own:
+            raise ValueError(f"flip={flip!r} but the crop flips with probability {own}: give one of them")
+        return probability
 
     def __len__(self) -> int:
         """Batches per epoch for this rank (from the start of the epoch)."""
@@ -130,9 +150,10 @@ class PackLoader:
         self._consumed = 0
         stop = len(order) - len(order) % self.batch_size if self.drop_last else len(order)
         starts = range(0, stop, self.batch_size)
-        return self._batches(order, starts)
+        draws = Draws(self.sampler.seed, self.sampler.epoch, self.sampler.rank)  # keys this epoch's crops and flips
+        return self._batches(order, starts, draws)
 
-    def _batches(self, order: np.ndarray, starts: range) -> Iterator[tuple[torch.Tensor, ...]]:
+    def _batches(self, order: np.ndarray, starts: range, draws: Draws) -> Iterator[tuple[torch.Tensor, ...]]:
         spares = _Spares() if self.crop is not None and not self.pin_memory and _Spares.supported else None
         ahead = self.sampler.lookahead(order)  # announces the order a window ahead (the sampler's prefetch)
         if self.threads == 0:
@@ -140,7 +161,7 @@ class PackLoader:
                 if ahead is not None:
                     ahead.reach(start)
                 indices = order[start : start + self.batch_size]
-                batch = self._build(indices, spares.take(len(indices)) if spares else None)
+                batch = self._build(indices, draws, spares.take(len(indices)) if spares else None)
                 self._consumed += len(batch[-1])
                 if spares:
                     spares.keep(batch[0])
@@ -154,7 +175,7 @@ class PackLoader:
             if ahead is not None:
                 ahead.reach(start)
             indices = order[start : start + self.batch_size]
-            pending.append(pool.submit(self._build, indices, spares.take(len(indices)) if spares else None))
+            pending.append(pool.submit(self._build, indices, draws, spares.take(len(indices)) if spares else None))
 
         try:
             for start in upcoming:
@@ -174,12 +195,12 @@ class PackLoader:
             for future in pending:
                 future.cancel()
 
-    def _build(self, indices: np.ndarray, images: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    def _build(self, indices: np.ndarray, draws: Draws, images: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
         """One batch, in a pool thread (written into ``images`` when given)."""
         if self.encoded:
             return self.dataset.get_encoded_batch(indices, pin_memory=self.pin_memory)
         return self.dataset.get_batch(indices, self.channels_last, crop=self.crop, pin_memory=self.pin_memory,
-                                      fast_idct=self.fast_idct, out=images)
+                                      fast_idct=self.fast_idct, flip=self.flip, draws=draws, out=images)
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None or self._pool_pid != os.getpid():  # threads do not survive a fork
@@ -201,7 +222,7 @@ class PackLoader:
 
     def __repr__(self) -> str:
         return (f"PackLoader({self.dataset!r}, batch_size={self.batch_size}, threads={self.threads}, "
-                f"crop={self.crop!r}, channels_last={self.channels_last})")
+                f"crop={self.crop!r}, flip={self.flip}, channels_last={self.channels_last})")
 
 
 class _Spares:

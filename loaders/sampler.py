@@ -65,6 +65,11 @@ def _default_rank_world() -> tuple[int, int]:
     return 0, 1
 
 
+def default_rank() -> int:
+    """This process's rank in the initialised default process group, or 0 without one."""
+    return _default_rank_world()[0]
+
+
 def _block_order(n: int, block_size: int, window_blocks: int, rng: np.random.Generator) -> np.ndarray:
     """Permute blocks of ``block_size`` records, then shuffle records within groups of ``window_blocks``.
 

@@ -39,6 +39,7 @@ _EXPORTS = {
     "PackSampler": "packload.loaders.sampler",
     "shuffle_quality": "packload.loaders.shuffle_quality",
     "CenterCrop": "packload.loaders.crop",
+    "RandomResizedCrop": "packload.loaders.random_crop",
     "PackBatches": "packload.loaders.batches",
     "batch_loader": "packload.loaders.batches",
     "collate_uint8": "packload.loaders.collate",
@@ -67,6 +68,7 @@ __all__ = [
     "PackSampler",
     "PackedImageFolder",
     "PackloadError",
+    "RandomResizedCrop",
     "SkippedFileError",
     "TuneResult",
     "UsageError",
@@ -111,6 +113,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
     from packload.loaders.dataset import PackedImageFolder
     from packload.loaders.decode import fast_jpeg_available
     from packload.loaders.pack_loader import PackLoader
+    from packload.loaders.random_crop import RandomResizedCrop
     from packload.loaders.read import PackReader
     from packload.loaders.sampler import PackSampler
     from packload.loaders.shuffle_quality import shuffle_quality

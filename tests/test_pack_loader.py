@@ -271,10 +271,10 @@ def test_packloader_announces_its_order_a_window_ahead(packs, threads):
     loader = PackLoader(ds, 5, sampler=sampler, crop=8, threads=threads)
     build = loader._build
 
-    def build_after_announcing(indices, images=None):
+    def build_after_announcing(indices, draws, images=None):
         assert set(indices.tolist()) <= set(announced)  # announced before it is read
         reads.extend(indices.tolist())
-        return build(indices, images)
+        return build(indices, draws, images)
 
     loader._build = build_after_announcing
     got = [images.clone() for images, _ in loader]
