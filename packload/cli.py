@@ -268,7 +268,8 @@ def _add_tune(sub: Any) -> None:
     step.add_argument("--step-ms", type=float, help="GPU time of one training step to emulate, in ms")
     step.add_argument("--model", choices=("small-cnn",), help="run a small CNN forward+backward on the GPU")
     p.add_argument("--budget", type=float, default=60.0, help="seconds to spend searching (default 60)")
-    p.add_argument("--max-workers", type=int, help="largest num_workers to try (default: from cores and memory)")
+    p.add_argument("--max-workers", type=int, help="largest num_workers to try (default: the usable cores, and past "
+                   "them, up to 64, while the workers wait on storage rather than compute)")
     p.add_argument("--save", metavar="FILE", help="write the winning DataLoader settings as JSON")
     p.add_argument("--plot", metavar="FILE", help="draw throughput against num_workers (needs matplotlib)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

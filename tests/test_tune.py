@@ -335,3 +335,67 @@ def test_report_shows_the_workers_proportional_memory_not_their_rss():
     assert _worker_memory(trial) == "2400 MB RSS"
     trial.worker_rss_mb = 0.0
     assert _worker_memory(trial) == "-"
+
+
+class _WaitingRunner(_RatesRunner):
+    """Rates per worker count, with the CPU each trial keeps busy given per worker count too."""
+
+    def __init__(self, rates: dict[int, float], cpu: dict[int, float], step_rate: float = 100_000.0) -> None:
+        super().__init__(rates, step_rate)
+        self.cpu = cpu
+
+    def run(self, workers, prefetch, pin, steady_s, deadline, phase):
+        trial = super().run(workers, prefetch, pin, steady_s, deadline, phase)
+        trial.cpu_cores = self.cpu[workers]
+        return trial
+
+
+def _search(runner, cores=2, climb_to=64):
+    search = tune_search.Search(runner, cores, 0.04, 600, time.perf_counter(), False, False, climb_to=climb_to,
+                                cores=cores)
+    search.limit = "the cap of 64 workers"
+    return search
+
+
+def test_the_ladder_climbs_past_the_cores_while_the_workers_wait():
+    """Workers that wait (the cores mostly idle) are added past the 2 usable cores until the rate stops
+    rising; the climb never starts when the workers keep the cores busy."""
+    ladder = [0, 1, 2, 4, 8, 16, 32, 64]
+    waiting = _WaitingRunner({w: 100.0 * max(w, 0.5) if w <= 16 else 1600.0 for w in ladder},
+                             {w: 0.1 + 0.01 * w for w in ladder})
+    search = _search(waiting)
+    assert search.coarse() == "plateau"
+    assert max(waiting.measured) > 2 and 16 in waiting.measured
+    assert tune_search.select(search.trials, 0.04)[0].num_workers == 16
+    busy = _WaitingRunner({w: 100.0 * max(w, 0.5) for w in ladder}, {w: min(2.0, 0.9 * max(w, 1)) for w in ladder})
+    search = _search(busy)
+    assert search.coarse() == "cores" and max(busy.measured) == 2
+    rising = _WaitingRunner({w: 100.0 * max(w, 0.5) for w in ladder}, {w: 0.1 for w in ladder})
+    search = _search(rising)
+    assert search.coarse() == "the cap of 64 workers" and max(rising.measured) == 64
+
+
+def test_an_explicit_max_workers_is_never_passed():
+    runner = _WaitingRunner({w: 100.0 * max(w, 0.5) for w in (0, 1, 2, 4)}, {w: 0.1 for w in (0, 1, 2, 4)})
+    search = tune_search.Search(runner, 4, 0.04, 600, time.perf_counter(), False, False)
+    assert search.coarse() == "worker bound" and max(runner.measured) == 4
+
+
+def test_the_open_file_limit_bounds_the_climb(monkeypatch):
+    import resource
+
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (64 + 10 * tune_search.FDS_PER_WORKER, 1 << 20))
+    assert tune_search.descriptor_workers() == 10
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    assert tune_search.descriptor_workers() == tune_search.WAITING_CAP
+
+
+def test_tune_adds_workers_past_the_cores_when_samples_wait_on_storage():
+    """A real search: every sample waits 4 ms without using the CPU (as on a network disk) and the step
+    could take far more. The pick has more workers than the machine has usable cores."""
+    from packload.core.cpus import usable_cores
+
+    cores = usable_cores()
+    result = tune(Sleepy(4, size=8192), 16, step_ms=1, budget_s=25, progress=False, device="cpu")
+    assert max(t.num_workers for t in result.trials) > cores
+    assert result.winner.num_workers > cores, format_report(result)

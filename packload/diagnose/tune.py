@@ -33,7 +33,17 @@ from packload.core.errors import PackloadError, UsageError
 from packload.core.format import MANIFEST_NAME, shard_number
 from packload.diagnose.gpu_step import DummyStep, iter_tensors
 from packload.diagnose.measure import machine_info
-from packload.diagnose.tune_search import Cycle, MemoryGuard, Search, Trial, TrialRunner, batch_nbytes, select
+from packload.diagnose.tune_search import (
+    WAITING_CAP,
+    Cycle,
+    MemoryGuard,
+    Search,
+    Trial,
+    TrialRunner,
+    batch_nbytes,
+    descriptor_workers,
+    select,
+)
 from packload.loaders.collate import collate_uint8
 from packload.loaders.dataset import PackedImageFolder
 from packload.loaders.folder import FolderImages
@@ -147,8 +157,10 @@ def tune(dataset: Dataset, batch_size: int, step_ms: float | None = None, model:
     """Search the DataLoader settings for ``dataset`` that keep a GPU step of ``step_ms`` (or the
     small CNN, ``model="small-cnn"``) fed, within ``budget_s`` seconds; see the module docstring.
 
-    ``max_workers`` defaults to the usable cores (affinity and cgroup quota); set it higher for
-    I/O-bound data (network disks). ``sampler`` defaults to a pack's ``sampler()`` or a shuffle.
+    ``max_workers`` caps the workers tried. By default the search tries up to the usable cores
+    (affinity and cgroup quota) while the workers keep them busy, and climbs past them while they
+    wait instead (a network disk), up to ``WAITING_CAP`` or what the open-file limit allows; the
+    result's ``stopped`` says what ended it. ``sampler`` defaults to a pack's ``sampler()`` or a shuffle.
     """
     start = time.perf_counter()
     if isinstance(dataset, IterableDataset):
@@ -161,9 +173,12 @@ def tune(dataset: Dataset, batch_size: int, step_ms: float | None = None, model:
         raise ValueError(f"tolerance {tolerance} must be between 0 and 0.5 (e.g. 0.04 for 4%)")
     if len(dataset) == 0:  # type: ignore[arg-type]
         raise ValueError("the dataset is empty")
-    bound = usable_cores() if max_workers is None else max_workers
+    cores = usable_cores()
+    bound = cores if max_workers is None else max_workers
     if bound < 0:
         raise ValueError(f"max_workers {max_workers} must be 0 or more")
+    descriptors = descriptor_workers()
+    climb_to = bound if max_workers is not None else max(bound, min(WAITING_CAP, descriptors))
     step = DummyStep(step_ms=step_ms, model=model, device=device)
     if sampler is None and isinstance(dataset, PackedImageFolder):
         sampler = dataset.sampler(seed=0)
@@ -183,7 +198,8 @@ def tune(dataset: Dataset, batch_size: int, step_ms: float | None = None, model:
 
     runner = TrialRunner(dataset, batch_size, sampler, collate_fn, step, step_rate, guard, tick)
     search = Search(runner, bound, tolerance, budget_s, start, pin_default=step.on_gpu, try_pin=step.on_gpu,
-                    trial_s=trial_s)
+                    trial_s=trial_s, climb_to=climb_to, cores=cores)
+    search.limit = "file descriptors" if descriptors < WAITING_CAP else f"the cap of {WAITING_CAP} workers"
     try:
         reason = search.run()
     finally:
@@ -228,9 +244,14 @@ def _verdict(pick: Trial, step_rate: float, reason: str, limit: str, dataset: Da
     busy = f"{pick.cpu_cores:.1f} of {cores} usable cores busy"
     if pick.cpu_cores >= 0.85 * cores:
         text += f"the CPU is the limit ({busy}), so more CPU cores would help; "
+    elif reason == "cores":
+        text += f"the workers keep the usable cores busy ({busy}), so more CPU cores would help; "
     elif reason == "worker bound":
         text += (f"throughput still rose at the most workers allowed ({limit}) with only {busy}: samples wait on "
                  "storage, so a larger max_workers would help; ")
+    elif reason in ("file descriptors", f"the cap of {WAITING_CAP} workers"):
+        text += (f"the workers wait on storage ({busy}) and throughput still rose at {pick.num_workers} workers, "
+                 f"where {reason} ended the search; ")
     elif reason == "plateau":
         text += f"more workers stopped helping with only {busy}: the limit is storage or the main process; "
     elif reason == "memory":

@@ -8,7 +8,10 @@ the two idle points (so steps still queued never count), the spread of the windo
 
 The search is coarse to fine, never a full grid: workers 0, 1, 2, 4, 8... (without 1 where 8 or
 more may be tried: the bisection measures it if it matters) until the GPU is
-saturated, the rate stops rising, the budget runs out or memory would get short; then a bisection
+saturated, the rate stops rising, the budget runs out or memory would get short. The ladder stops at
+the usable cores while the workers keep them busy; where they wait instead (a network disk: the
+cores idle while the loader starves), it climbs past them, up to ``WAITING_CAP`` workers or what the
+process's file-descriptor limit allows. Then a bisection
 for the fewest workers within ``tolerance`` of the best rate; then a deeper prefetch queue and
 (on CUDA) ``pin_memory`` at that point; then the pick is measured again so that no lucky outlier
 wins. The pick is the cheapest configuration (fewest workers, shallowest queue, no pinning)
@@ -38,6 +41,9 @@ MIN_WINDOWS = 3
 PREFETCH_DEFAULT = 2
 PREFETCH_DEEPER = (4, 8)
 GUESS_WORKER_BYTES = 256 << 20  # before any worker has been measured
+WAITING_CAP = 64  # workers at most where they wait rather than compute (stated in the report)
+WAITING_SHARE = 0.75  # with less than this share of the usable cores busy, the workers are waiting
+FDS_PER_WORKER = 16  # descriptors a DataLoader worker may hold (its pipes, queues, the pack's files)
 Key = tuple[int, int | None, bool]
 
 
@@ -246,11 +252,32 @@ class TrialRunner:
                      cpu_cores=cpu, batches=batches, seconds=seconds, phase=phase, note=note)
 
 
+def descriptor_workers() -> int:
+    """Workers the process's open-file limit leaves room for (``RLIMIT_NOFILE``, soft)."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):  # pragma: no cover - not POSIX
+        return WAITING_CAP
+    return WAITING_CAP if soft == resource.RLIM_INFINITY else max(1, (soft - 64) // FDS_PER_WORKER)
+
+
 class Search:
-    """The coarse-to-fine search over num_workers, prefetch_factor and (on CUDA) pin_memory."""
+    """The coarse-to-fine search over num_workers, prefetch_factor and (on CUDA) pin_memory.
+
+    ``max_workers`` bounds the ladder while workers compute (the usable cores, by default); past it
+    the ladder goes on to ``climb_to`` only while the workers wait rather than compute, with fewer
+    than ``WAITING_SHARE`` of ``cores`` busy (``climb_to`` defaults to ``max_workers``: no climb)."""
 
     def __init__(self, runner: TrialRunner, max_workers: int, tolerance: float, budget_s: float,
-                 start: float, pin_default: bool, try_pin: bool, trial_s: float | None = None) -> None:
+                 start: float, pin_default: bool, try_pin: bool, trial_s: float | None = None,
+                 climb_to: int | None = None, cores: float | None = None) -> None:
+        self.bound = max_workers
+        self.cores = float(cores if cores is not None else max(1, max_workers))
+        self.climb_to = max(max_workers, climb_to if climb_to is not None else max_workers)
+        self.limit = "max_workers"  # what ``climb_to`` stands for, for the report: set by the caller
+        max_workers = self.climb_to
         self.runner, self.max_workers, self.tolerance = runner, max_workers, tolerance
         self.deadline = start + budget_s
         self.pin_default, self.try_pin = pin_default, try_pin
@@ -260,9 +287,10 @@ class Search:
         # 1 worker is rarely the pick where many are possible, and a slow trial; the bisection
         # still measures it when 0 falls short and 2 is within tolerance.
         low = {0} if max_workers >= 8 else {0, 1}
-        ladder = sorted({*low, *(2**k for k in range(1, 12) if 2**k < max_workers), max_workers})
+        ladder = sorted({*low, *(2**k for k in range(1, 12) if 2**k < max_workers), self.bound, max_workers})
         self.ladder = [w for w in ladder if w <= max_workers]
-        expected = len(self.ladder) + math.ceil(math.log2(max(2, max_workers))) + 2 + int(try_pin) + 1
+        steps = len([w for w in self.ladder if w <= self.bound])  # the climb past the cores is rarely taken
+        expected = steps + math.ceil(math.log2(max(2, self.bound))) + 2 + int(try_pin) + 1
         self.trial_s = trial_s if trial_s is not None else min(5.0, max(0.25, 0.8 * budget_s / expected - 0.3))
 
     # -- measuring -----------------------------------------------------------------------------
@@ -318,11 +346,21 @@ class Search:
             self.confirm()
         return reason
 
+    def waiting(self, trial: Trial) -> bool:
+        """Whether the workers of ``trial`` wait rather than compute: the cores are mostly idle."""
+        return trial.cpu_cores < WAITING_SHARE * self.cores
+
     def coarse(self) -> str:
+        """Climb the ladder; returns what ended it: ``saturated`` (the GPU is fed), ``plateau`` (more
+        workers stopped helping), ``cores`` (the workers keep the usable cores busy), ``memory``,
+        ``budget``, or the limit of the climb (``max_workers``, ``file descriptors``, the cap)."""
         best, flat = 0.0, 0
+        last: Trial | None = None
         for workers in self.ladder:
             if workers > self.max_workers:
                 return "memory"
+            if workers > self.bound and last is not None and not self.waiting(last):
+                return "cores"
             trial = self.measure(workers, PREFETCH_DEFAULT, self.pin_default, "coarse")
             if trial is None:
                 return self.stopped or "no measurement"
@@ -334,7 +372,12 @@ class Search:
                 if flat >= 2:
                     return "plateau"
             best = max(best, trial.samples_per_s)
-        return "worker bound" if flat == 0 else "plateau"
+            last = trial
+        if flat:
+            return "plateau"
+        if self.climb_to > self.bound:
+            return self.limit
+        return "worker bound"
 
     def fine(self) -> None:
         """Bisect for the fewest workers within tolerance of the best rate (default queue and pin)."""
