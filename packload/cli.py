@@ -267,6 +267,12 @@ def _add_tune(sub: Any) -> None:
     step = p.add_mutually_exclusive_group(required=True)
     step.add_argument("--step-ms", type=float, help="GPU time of one training step to emulate, in ms")
     step.add_argument("--model", choices=("small-cnn",), help="run a small CNN forward+backward on the GPU")
+    loop = p.add_mutually_exclusive_group()
+    loop.add_argument("--sync", dest="sync", action="store_true", default=True,
+                      help="your loop waits for every step, e.g. loss.item() each step (the default: a pick for "
+                           "it holds for a loop that does not wait as well)")
+    loop.add_argument("--async", dest="sync", action="store_false",
+                      help="your loop never waits for the step before loading the next batch")
     p.add_argument("--budget", type=float, default=60.0, help="seconds to spend searching (default 60)")
     p.add_argument("--max-workers", type=int, help="largest num_workers to try (default: the usable cores, and past "
                    "them, up to 64, while the workers wait on storage rather than compute)")
@@ -281,7 +287,8 @@ def run_tune(args: argparse.Namespace) -> int:
     from packload.diagnose.tune import format_report, tune_path
 
     result = tune_path(args.path, batch_size=args.batch_size, step_ms=args.step_ms, model=args.model,
-                       budget_s=args.budget, max_workers=args.max_workers, progress=not (args.quiet or args.json))
+                       budget_s=args.budget, max_workers=args.max_workers, progress=not (args.quiet or args.json),
+                       sync=args.sync)
     if args.save:
         result.save(args.save)
     if args.plot:

@@ -65,8 +65,9 @@ def input_bound():
 
 @pytest.fixture(scope="module")
 def compute_bound():
-    """0.2 ms per sample (3 ms a batch) against a 50 ms step: even the main process alone keeps up."""
-    return tune(Sleepy(0.2), 16, step_ms=50, budget_s=6, max_workers=4, progress=False, device="cpu")
+    """0.2 ms per sample (3 ms a batch) against a 50 ms step, in a loop that never waits for the step:
+    even the main process alone keeps up."""
+    return tune(Sleepy(0.2), 16, step_ms=50, budget_s=6, max_workers=4, progress=False, device="cpu", sync=False)
 
 
 def test_input_bound_verdict_and_the_cheapest_pick(input_bound):
@@ -207,19 +208,67 @@ def test_make_loader_uses_the_winning_settings(input_bound):
     assert sorted(torch.cat([b[0][:, 0] for b in batches]).long().tolist()) == list(range(64))
 
 
-def test_dummy_step_emulation_waits_without_cpu_and_overlaps():
+class _Clock:
+    """A virtual clock for the emulated step: ``sleep`` moves it on, nothing else does."""
+
+    def __init__(self) -> None:
+        self.now, self.slept = 100.0, 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        self.slept += seconds
+
+
+def test_dummy_step_emulation_queues_steps_and_waits_without_cpu(monkeypatch):
+    """Asynchronous: the first steps are queued (no wait), then each call waits for the oldest of
+    ``max_in_flight``; the waiting is sleeping (no CPU), and the timeline is exact."""
+    from packload.diagnose import gpu_step
+
+    clock = _Clock()
+    monkeypatch.setattr(gpu_step, "time", clock)
     step = DummyStep(step_ms=40, device="cpu")
-    assert not step.on_gpu and step.calibration["emulated"] is True
-    wall, cpu = time.perf_counter(), time.process_time()
+    assert not step.on_gpu and step.calibration["emulated"] is True and step.sync is False
     step((torch.zeros(2, 3), torch.zeros(2)))
-    assert time.perf_counter() - wall < 0.02, "the first step is queued, not waited for"
-    for _ in range(4):
-        step(None)
+    step(None)
+    assert clock.slept == 0, "two steps are queued, not waited for"
+    step(None)
+    assert clock.now == pytest.approx(100.04), "the third waits for the first"
     step.synchronize()
-    elapsed = time.perf_counter() - wall
-    assert 0.19 <= elapsed < 0.35
-    assert time.process_time() - cpu < 0.5 * elapsed
+    assert clock.now == pytest.approx(100.12)  # three steps of 40 ms back to back
     assert step.step_rate(10) == pytest.approx(250.0)
+
+
+def test_a_synchronous_step_waits_for_itself(monkeypatch):
+    """``sync=True``: every call returns only once its own step is done, so time spent loading
+    between calls adds to the step instead of overlapping it."""
+    from packload.diagnose import gpu_step
+
+    clock = _Clock()
+    monkeypatch.setattr(gpu_step, "time", clock)
+    step = DummyStep(step_ms=40, device="cpu", sync=True)
+    step(None)
+    assert clock.now == pytest.approx(100.04)
+    clock.now += 0.03  # loading the next batch in the main process
+    step(None)
+    assert clock.now == pytest.approx(100.11)  # 40 + 30 + 40 ms: nothing overlapped
+
+
+def test_a_loop_that_synchronises_gets_workers_where_loading_would_stall_it():
+    """Loading a batch in the main process costs about as much as the step: a loop that never waits
+    hides it behind the queued step (0 workers may do), one that waits every step does not, and
+    there the pick has workers and is far faster than loading in the main process."""
+    data = Sleepy(1.2, size=4096)  # ~19 ms of waiting per batch of 16
+    waits = tune(data, 16, step_ms=20, budget_s=10, max_workers=2, progress=False, device="cpu", sync=True)
+    assert waits.winner.num_workers >= 1, format_report(waits)
+    merged = aggregate(waits.trials)
+    assert merged[(0, None, False)].samples_per_s < 0.8 * waits.winner.samples_per_s
+    assert "waits for every step" in waits.message and waits.step["sync"] is True
+    never = tune(data, 16, step_ms=20, budget_s=10, max_workers=2, progress=False, device="cpu", sync=False)
+    assert "never waits" in never.message and never.step["sync"] is False
+    assert aggregate(never.trials)[(0, None, False)].samples_per_s > merged[(0, None, False)].samples_per_s
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -5,7 +5,9 @@ calibrated and checked on the device); ``DummyStep(model="small-cnn")`` runs a s
 backward and SGD update instead. Each call copies the batch to the device as training does
 (``non_blocking`` when the batch is pinned) and returns without waiting for the GPU: the CPU runs at
 most ``max_in_flight`` steps ahead, as a training loop that reads its loss every step or two does,
-so the loader and the GPU overlap as they do in real training.
+so the loader and the GPU overlap as they do in real training. ``sync=True`` is the loop that waits
+for every step before it asks for the next batch (``loss.item()`` each step, as the PyTorch tutorial
+does): loading in the main process then stalls the GPU.
 
 Without CUDA the step is emulated on a virtual GPU timeline: the same queue of steps, each taking
 ``step_ms``, waited for with ``time.sleep`` so that the emulation uses no CPU the loader could use.
@@ -84,10 +86,11 @@ class DummyStep:
         model: ``"small-cnn"`` for a small CNN's forward+backward on the GPU instead (CUDA only).
         device: ``cuda``, ``cuda:N`` or ``cpu`` (default: CUDA when available).
         max_in_flight: steps the GPU may have queued before a call waits for the oldest one.
+        sync: each call waits for its own step to finish (a loop that synchronises every step).
     """
 
     def __init__(self, step_ms: float | None = None, model: str | None = None, device: str | None = None,
-                 max_in_flight: int = 2) -> None:
+                 max_in_flight: int = 2, sync: bool = False) -> None:
         if (step_ms is None) == (model is None):
             raise ValueError("give step_ms (the GPU time of one training step, in ms) or model='small-cnn', "
                              "not both and not neither")
@@ -107,6 +110,7 @@ class DummyStep:
         self._ms = self.step_ms or 0.0  # the same, as a float for the arithmetic (unused with a model)
         self.model_name = model
         self.max_in_flight = max_in_flight
+        self.sync = sync
         self.image_shape: tuple[int, ...] = DEFAULT_IMAGE_SHAPE
         self._pending: deque[Any] = deque()  # CUDA events, or finish times on the virtual timeline
         self._gpu_free_at = 0.0
@@ -138,6 +142,8 @@ class DummyStep:
         """Run one step on ``batch`` and return as soon as the CPU may go on (see ``max_in_flight``)."""
         if not self.on_gpu:
             self._emulated_step()
+            if self.sync:
+                self.synchronize()
             return
         tensors = [t.to(self.device, non_blocking=t.is_pinned()) for t in iter_tensors(batch)]
         images = next((t for t in tensors if t.dim() == 4), None)
@@ -157,6 +163,9 @@ class DummyStep:
         self._pending.append(event)
         while len(self._pending) > self.max_in_flight:
             self._pending.popleft().synchronize()
+        if self.sync:
+            event.synchronize()
+            self._pending.clear()
 
     def _emulated_step(self) -> None:
         now = time.perf_counter()

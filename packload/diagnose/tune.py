@@ -153,7 +153,7 @@ def make_loader(dataset: Dataset, kwargs: dict[str, Any], sampler: Sampler[int] 
 def tune(dataset: Dataset, batch_size: int, step_ms: float | None = None, model: str | None = None,
          budget_s: float = 60.0, max_workers: int | None = None, collate_fn: Callable[[Any], Any] | None = None,
          sampler: Sampler[int] | None = None, progress: bool = True, device: str | None = None, *,
-         tolerance: float = DEFAULT_TOLERANCE, trial_s: float | None = None) -> TuneResult:
+         tolerance: float = DEFAULT_TOLERANCE, trial_s: float | None = None, sync: bool = True) -> TuneResult:
     """Search the DataLoader settings for ``dataset`` that keep a GPU step of ``step_ms`` (or the
     small CNN, ``model="small-cnn"``) fed, within ``budget_s`` seconds; see the module docstring.
 
@@ -161,6 +161,11 @@ def tune(dataset: Dataset, batch_size: int, step_ms: float | None = None, model:
     (affinity and cgroup quota) while the workers keep them busy, and climbs past them while they
     wait instead (a network disk), up to ``WAITING_CAP`` or what the open-file limit allows; the
     result's ``stopped`` says what ended it. ``sampler`` defaults to a pack's ``sampler()`` or a shuffle.
+
+    ``sync`` (default) measures a training loop that waits for every step before it asks for the next
+    batch (``loss.item()`` each step): there loading in the main process stalls the GPU, so the pick
+    has workers when they pay, and it holds for a loop that does not wait as well. ``sync=False``
+    measures the loop that never waits (the step queued, the next batch loaded meanwhile).
     """
     start = time.perf_counter()
     if isinstance(dataset, IterableDataset):
@@ -179,7 +184,7 @@ def tune(dataset: Dataset, batch_size: int, step_ms: float | None = None, model:
         raise ValueError(f"max_workers {max_workers} must be 0 or more")
     descriptors = descriptor_workers()
     climb_to = bound if max_workers is not None else max(bound, min(WAITING_CAP, descriptors))
-    step = DummyStep(step_ms=step_ms, model=model, device=device)
+    step = DummyStep(step_ms=step_ms, model=model, device=device, sync=sync)
     if sampler is None and isinstance(dataset, PackedImageFolder):
         sampler = dataset.sampler(seed=0)
     guard = MemoryGuard()
@@ -215,6 +220,7 @@ def tune(dataset: Dataset, batch_size: int, step_ms: float | None = None, model:
     verdict, message = _verdict(pick, step_rate, reason, limit, dataset, step)
     return TuneResult(batch_size=batch_size, samples_per_epoch=size,
                       step={"description": step.description, "step_ms": step.step_ms, "model": step.model_name,
+                            "sync": sync,
                             "device": str(step.device), "on_gpu": step.on_gpu, "calibration": step.calibration},
                       step_samples_per_s=step_rate, trials=search.trials, winner=pick, fastest=fastest,
                       settings=settings, verdict=verdict, message=message, epoch_s=size / pick.samples_per_s,
@@ -232,8 +238,11 @@ def _verdict(pick: Trial, step_rate: float, reason: str, limit: str, dataset: Da
              step: DummyStep) -> tuple[str, str]:
     """("input-bound" | "compute-bound", a plain sentence with the numbers and what to do)."""
     emulated = "" if step.on_gpu else f" (GPU step emulated by a {step.step_ms:g} ms wait: {_why_emulated()})"
+    loop = ("a loop that waits for every step (as with loss.item())" if step.sync else
+            "a loop that never waits for the step")
+    assumed = f"; assumed {loop}"
     workers = f"{pick.num_workers} worker{'s' if pick.num_workers != 1 else ''}"
-    head = f"the GPU step alone could run {step_rate:,.0f} img/s{emulated}; "
+    head = f"the GPU step alone could run {step_rate:,.0f} img/s{emulated}{assumed}; "
     if pick.gpu_wait < COMPUTE_BOUND_WAIT:
         return "compute-bound", (head + f"the loader keeps up with {workers} ({pick.samples_per_s:,.0f} img/s): "
                                  f"training is compute-bound and the GPU waits {pick.gpu_wait:.0%} of the time; "
@@ -395,11 +404,13 @@ def open_dataset(path: str | os.PathLike[str], image_size: int = 224) -> Dataset
 
 def tune_path(path: str | os.PathLike[str], batch_size: int = 256, step_ms: float | None = None,
               model: str | None = None, budget_s: float = 60.0, max_workers: int | None = None,
-              progress: bool = True, device: str | None = None, image_size: int = 224) -> TuneResult:
+              progress: bool = True, device: str | None = None, image_size: int = 224,
+              sync: bool = True) -> TuneResult:
     """``packload tune PATH``: tune reading a pack or an image folder into uint8 batches."""
     try:
         return tune(open_dataset(path, image_size), batch_size, step_ms=step_ms, model=model, budget_s=budget_s,
-                    max_workers=max_workers, collate_fn=collate_uint8, progress=progress, device=device)
+                    max_workers=max_workers, collate_fn=collate_uint8, progress=progress, device=device,
+                    sync=sync)
     except ValueError as exc:
         if isinstance(exc, UsageError):
             raise
