@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from packload.diagnose.gpu_step import DummyStep  # noqa: E402
 from packload.diagnose.measure import machine_info  # noqa: E402
-from packload.diagnose.tune import format_report, tune_path  # noqa: E402
+from packload.diagnose.tune import format_report  # noqa: E402
+from packload.diagnose.tune_inputs import tune_path  # noqa: E402
 
 TOLERANCE = 0.10
 

@@ -1,11 +1,12 @@
 """Does ``tune`` pick well, and cheaply? The tuner against an exhaustive grid on known workloads.
 
 Each workload's samples cost a fixed wait (``time.sleep``: no CPU, so the rate scales with workers
-even on a small machine, like reading from a slow or networked disk), some with rare long stalls;
-the GPU step is emulated (or real, on CUDA) with a fast or a slow step. For each workload the
-tuner runs with its budget, then every configuration of the same knobs (num_workers 0..N,
-prefetch_factor 2/4/8) is measured once with the same trial routine and longer trials (the grid's
-time is that pass). Then the tuner's pick and the grid's fastest configuration are measured again,
+even on a small machine, like reading from a slow or networked disk), some with rare long stalls,
+or a fixed amount of CPU work (a busy loop: the cores are the limit); the GPU step is emulated (or
+real, on CUDA) with a fast or a slow step, in a loop that waits for every step or one that never
+does. For each workload the tuner runs with its defaults and budget (no ``max_workers``: it decides
+how far to climb), then every configuration of num_workers 0..16 and prefetch_factor 2/4 is
+measured once with the same trial routine and longer trials (the grid's time is that pass). Then the tuner's pick and the grid's fastest configuration are measured again,
 interleaved, and their medians compared. Reported: the pick's rate as a share of the fastest's,
 and the tuner's time as a share of the grid's. Targets: at least 95% at most 25% of the time.
 
@@ -31,12 +32,12 @@ from torch.utils.data import Dataset
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from packload.diagnose.gpu_step import DummyStep  # noqa: E402
+from packload.diagnose.loader_memory import MemoryGuard  # noqa: E402
 from packload.diagnose.tune import DEFAULT_TOLERANCE, tune  # noqa: E402
 from packload.diagnose.tune_search import (  # noqa: E402
     PREFETCH_DEEPER,
     PREFETCH_DEFAULT,
     Key,
-    MemoryGuard,
     TrialRunner,
     select,
 )
@@ -46,8 +47,10 @@ class WaitingSamples(Dataset):
     """``ms`` of waiting per sample, plus a ``stall_ms`` wait for one sample in ``stall_every``
     (chosen by a hash of the index, so the same samples stall in every run)."""
 
-    def __init__(self, ms: float, stall_ms: float = 0.0, stall_every: int = 0, size: int = 100_000) -> None:
+    def __init__(self, ms: float, stall_ms: float = 0.0, stall_every: int = 0, size: int = 100_000,
+                 cpu_ms: float = 0.0) -> None:
         self.ms, self.stall_ms, self.stall_every, self.size = ms, stall_ms, stall_every, size
+        self.cpu_ms = cpu_ms
 
     def __len__(self) -> int:
         return self.size
@@ -56,7 +59,12 @@ class WaitingSamples(Dataset):
         wait = self.ms
         if self.stall_every and zlib.crc32(index.to_bytes(8, "little")) % self.stall_every == 0:
             wait += self.stall_ms
-        time.sleep(wait / 1000)
+        if wait:
+            time.sleep(wait / 1000)
+        if self.cpu_ms:  # CPU work, as decoding is: a busy loop on this process's clock
+            until = time.thread_time() + self.cpu_ms / 1000
+            while time.thread_time() < until:
+                pass
         return torch.zeros(16), index % 10
 
 
@@ -66,17 +74,21 @@ class Workload:
     sample_ms: float
     step_ms: float
     batch_size: int = 32
-    max_workers: int = 8
+    grid_workers: int = 16
     stall_ms: float = 0.0
     stall_every: int = 0
+    cpu_ms: float = 0.0
+    sync: bool = True
 
     def dataset(self) -> WaitingSamples:
-        return WaitingSamples(self.sample_ms, self.stall_ms, self.stall_every)
+        return WaitingSamples(self.sample_ms, self.stall_ms, self.stall_every, cpu_ms=self.cpu_ms)
 
 
 WORKLOADS = (
-    Workload("very slow samples, fast step", sample_ms=4.0, step_ms=10),
-    Workload("slow samples, fast step", sample_ms=2.0, step_ms=10),
+    Workload("network disk: 4 ms wait a sample, 5 ms step", sample_ms=4.0, step_ms=5),
+    Workload("CPU-bound: 1 ms of CPU a sample, 5 ms step", sample_ms=0.0, cpu_ms=1.0, step_ms=5),
+    Workload("network disk, 150 ms step, loop waits every step", sample_ms=4.0, step_ms=150),
+    Workload("network disk, 150 ms step, loop never waits", sample_ms=4.0, step_ms=150, sync=False),
     Workload("slow samples, slow step", sample_ms=2.0, step_ms=40),
     Workload("fast samples, fast step", sample_ms=0.1, step_ms=10),
     Workload("stalling samples, fast step", sample_ms=1.0, step_ms=10, stall_ms=30, stall_every=50),
@@ -86,8 +98,8 @@ WORKLOADS = (
 def grid(work: Workload, trial_s: float, runner: TrialRunner) -> dict[str, Any]:
     """Every configuration measured once with the tuner's own trial routine: rates and total time."""
     pins = (False, True) if runner.step.on_gpu else (False,)  # pin_memory matters only with CUDA
-    configs = [(0, None, pin) for pin in pins] + [(w, pf, pin) for w in range(1, work.max_workers + 1)
-                                                  for pf in (PREFETCH_DEFAULT, *PREFETCH_DEEPER) for pin in pins]
+    configs = [(0, None, pin) for pin in pins] + [(w, pf, pin) for w in range(1, work.grid_workers + 1)
+                                                  for pf in (PREFETCH_DEFAULT, PREFETCH_DEEPER[0]) for pin in pins]
     start = time.perf_counter()
     trials = [runner.run(w, pf, pin, trial_s, float("inf"), "grid") for w, pf, pin in configs]
     seconds = time.perf_counter() - start
@@ -107,10 +119,10 @@ def remeasure(runner: TrialRunner, keys: list[Key], trial_s: float, repeats: int
 
 def compare(work: Workload, budget_s: float, trial_s: float, repeats: int) -> dict[str, Any]:
     start = time.perf_counter()
-    result = tune(work.dataset(), work.batch_size, step_ms=work.step_ms, budget_s=budget_s,
-                  max_workers=work.max_workers, progress=False)
+    result = tune(work.dataset(), work.batch_size, step_ms=work.step_ms, budget_s=budget_s, progress=False,
+                  sync=work.sync)
     tuner_s = time.perf_counter() - start
-    step = DummyStep(step_ms=work.step_ms)
+    step = DummyStep(step_ms=work.step_ms, sync=work.sync)
     runner = TrialRunner(work.dataset(), work.batch_size, None, None, step, step.step_rate(work.batch_size),
                          MemoryGuard(), lambda _: None)
     full = grid(work, trial_s, runner)
@@ -123,7 +135,7 @@ def compare(work: Workload, budget_s: float, trial_s: float, repeats: int) -> di
             "share_of_best": min(1.0, truth[pick_key] / truth[best_key]),
             "tuner_s": tuner_s, "tuner_trials": len(result.trials), "grid_s": full["seconds"],
             "grid_trials": len(full["trials"]), "share_of_time": tuner_s / full["seconds"],
-            "verdict": result.verdict, "stopped": result.stopped}
+            "verdict": result.verdict, "stopped": result.stopped, "sync": work.sync}
 
 
 def _config(settings: dict[str, Any]) -> str:

@@ -49,9 +49,10 @@ _EXPORTS = {
     "unpack": "packload.loaders.unpack",
     "tune": "packload.diagnose.tune",
     "TuneResult": "packload.diagnose.tune",
-    "load_loader_config": "packload.diagnose.tune",
+    "load_loader_config": "packload.diagnose.loader_config",
     "doctor": "packload.diagnose.doctor",
     "DummyStep": "packload.diagnose.gpu_step",
+    "watch": "packload.diagnose.watch",
 }
 
 __all__ = [
@@ -87,6 +88,7 @@ __all__ = [
     "tune",
     "unpack",
     "verify",
+    "watch",
 ]
 
 
@@ -106,7 +108,9 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # what the names are, for type checkers and editors
     from packload.diagnose.doctor import doctor
     from packload.diagnose.gpu_step import DummyStep
-    from packload.diagnose.tune import TuneResult, load_loader_config, tune
+    from packload.diagnose.loader_config import load_loader_config
+    from packload.diagnose.tune import TuneResult, tune
+    from packload.diagnose.watch import watch
     from packload.loaders.batches import PackBatches, batch_loader
     from packload.loaders.collate import collate_uint8
     from packload.loaders.crop import CenterCrop

@@ -273,6 +273,9 @@ def _add_tune(sub: Any) -> None:
                            "it holds for a loop that does not wait as well)")
     loop.add_argument("--async", dest="sync", action="store_false",
                       help="your loop never waits for the step before loading the next batch")
+    p.add_argument("--transform", metavar="MODULE:CALLABLE",
+                   help="time your own transform (e.g. mytraining.data:train_transform) instead of the built-in "
+                        "resize and centre crop; it must give equal-sized images")
     p.add_argument("--budget", type=float, default=60.0, help="seconds to spend searching (default 60)")
     p.add_argument("--max-workers", type=int, help="largest num_workers to try (default: the usable cores, and past "
                    "them, up to 64, while the workers wait on storage rather than compute)")
@@ -284,11 +287,16 @@ def _add_tune(sub: Any) -> None:
 
 
 def run_tune(args: argparse.Namespace) -> int:
-    from packload.diagnose.tune import format_report, tune_path
+    from packload.diagnose.tune import format_report
+    from packload.diagnose.tune_inputs import tune_path
+    from packload.diagnose.tune_plot import require_matplotlib
+
+    if args.plot:
+        require_matplotlib()  # before the search, not after a minute of it
 
     result = tune_path(args.path, batch_size=args.batch_size, step_ms=args.step_ms, model=args.model,
                        budget_s=args.budget, max_workers=args.max_workers, progress=not (args.quiet or args.json),
-                       sync=args.sync)
+                       sync=args.sync, transform=args.transform)
     if args.save:
         result.save(args.save)
     if args.plot:

@@ -21,16 +21,15 @@ from torch.utils.data import Dataset, IterableDataset
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from packload import pack  # noqa: E402
-from packload.diagnose import tune_search  # noqa: E402
+from packload.diagnose import loader_memory, tune_search  # noqa: E402
 from packload.diagnose.gpu_step import DummyStep  # noqa: E402
+from packload.diagnose.loader_config import LoaderConfigError, load_loader_config  # noqa: E402
 from packload.diagnose.tune import (  # noqa: E402
-    LoaderConfigError,
     TuneError,
     format_report,
-    load_loader_config,
     tune,
-    tune_path,
 )
+from packload.diagnose.tune_inputs import tune_path  # noqa: E402
 from packload.diagnose.tune_search import aggregate, cost  # noqa: E402
 from tests.image_factory import make_image_folder  # noqa: E402
 
@@ -108,7 +107,7 @@ def test_the_search_respects_its_budget():
 
 
 def test_workers_that_would_not_fit_in_memory_are_not_started(monkeypatch):
-    monkeypatch.setattr(tune_search, "GUESS_WORKER_BYTES", 1 << 50)  # each worker "needs" a petabyte
+    monkeypatch.setattr(loader_memory, "GUESS_WORKER_BYTES", 1 << 50)  # each worker "needs" a petabyte
     r = tune(Sleepy(1), 8, step_ms=2, budget_s=4, max_workers=4, progress=False)
     assert {t.num_workers for t in r.trials} == {0}
     assert r.stopped == "memory" and r.max_workers == 0
@@ -117,7 +116,7 @@ def test_workers_that_would_not_fit_in_memory_are_not_started(monkeypatch):
 
 
 def test_a_trial_stops_when_free_memory_runs_low(monkeypatch):
-    monkeypatch.setattr(tune_search.MemoryGuard, "low", lambda self: True)
+    monkeypatch.setattr(loader_memory.MemoryGuard, "low", lambda self: True)
     r = tune(Sleepy(1), 8, step_ms=2, budget_s=4, max_workers=4, progress=False)
     assert r.trials[0].note.startswith("stopped: free memory")
     assert all(t.num_workers == 0 for t in r.trials) and r.stopped == "memory"
@@ -306,16 +305,39 @@ def test_arguments_are_checked():
         tune(Sleepy(0), 0, step_ms=10, progress=False)
 
 
-def test_plot_writes_a_png(input_bound, tmp_path):
+def test_plot_writes_a_png_with_integer_ticks_spreads_and_a_title(input_bound, tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    figures = []
+    real_close = plt.close
+    monkeypatch.setattr(plt, "close", lambda figure: figures.append(figure))  # keep it to look at
     path = input_bound.plot(tmp_path / "tune.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    [figure] = figures
+    axes = figure.axes[0]
+    assert all(float(tick).is_integer() for tick in axes.get_xticks())
+    title = axes.get_title()
+    assert "Sleepy" in title and "batch 16" in title and "8 ms step" in title and "sync loop" in title
+    repeated = [k for k in {t.key for t in input_bound.trials} if sum(t.key == k for t in input_bound.trials) > 1]
+    assert repeated and any(container.has_yerr for container in axes.containers)
+    real_close(figure)
 
 
 def test_plot_without_matplotlib_says_so(input_bound, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(RuntimeError, match="pip install matplotlib"):
         input_bound.plot(tmp_path / "tune.png")
+
+
+def test_the_command_refuses_plot_without_matplotlib_before_searching(tmp_path, monkeypatch, capsys):
+    from packload import cli
+    from packload.diagnose import tune_inputs
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setattr(tune_inputs, "tune_path", lambda *a, **k: pytest.fail("the search ran"))
+    assert cli.main(["tune", str(tmp_path), "--step-ms", "5", "--plot", str(tmp_path / "t.png")]) != 0
+    assert "--plot needs matplotlib" in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")
@@ -335,10 +357,24 @@ def test_tune_path_reads_a_pack_or_a_folder(image_folder, tmp_path, kind):
     assert r.samples_per_epoch == 32 and r.trials
     batch = next(iter(r.make_loader(_dataset_of(path))))
     assert batch[0].shape == (8, 3, 32, 32) and batch[0].dtype == torch.uint8
+    if kind == "folder":
+        assert r.fast_path is None  # PackLoader reads packs only
+        return
+    fast = r.fast_path  # PackLoader's threads, tuned beside the DataLoader
+    assert fast["pick"] is not None and fast["threads"] in {t["num_workers"] for t in fast["trials"]}
+    assert fast["code"] == f"loader = packload.PackLoader(ds, 8, crop=packload.CenterCrop(32), threads={fast['threads']})"
+    assert any(line.startswith("  fast path: PackLoader with") for line in format_report(r))
+    import packload
+
+    ds = packload.PackedImageFolder(path)
+    namespace = {"packload": packload, "ds": ds}
+    exec(fast["code"], namespace)  # the code the report gives runs as it is
+    images, labels = next(iter(namespace["loader"]))
+    assert images.shape == (8, 3, 32, 32) and labels.shape == (8,)
 
 
 def _dataset_of(path: Path):
-    from packload.diagnose.tune import open_dataset
+    from packload.diagnose.tune_inputs import open_dataset
 
     return open_dataset(path, image_size=32)
 
@@ -348,7 +384,7 @@ class _RatesRunner:
 
     def __init__(self, rates: dict[int, float], step_rate: float = 10_000.0) -> None:
         self.rates, self.step_rate, self.batch_size = rates, step_rate, 16
-        self.guard = tune_search.MemoryGuard(margin_bytes=0)
+        self.guard = loader_memory.MemoryGuard(margin_bytes=0)
         self.measured: list[int] = []
 
     def run(self, workers, prefetch, pin, steady_s, deadline, phase):
@@ -448,3 +484,28 @@ def test_tune_adds_workers_past_the_cores_when_samples_wait_on_storage():
     result = tune(Sleepy(4, size=8192), 16, step_ms=1, budget_s=25, progress=False, device="cpu")
     assert max(t.num_workers for t in result.trials) > cores
     assert result.winner.num_workers > cores, format_report(result)
+
+
+def test_the_users_own_transform_is_timed_and_named(image_folder, tmp_path, monkeypatch, capsys):
+    """``--transform module:callable`` times the user's transform instead of the built-in crop, and the
+    report says which; a name that cannot be imported is one clear error."""
+    from packload import cli
+
+    (tmp_path / "my_pipeline.py").write_text(
+        "import numpy as np\n"
+        "CALLS = []\n"
+        "def small(image):\n"
+        "    CALLS.append(1)\n"
+        "    return np.asarray(image.convert('RGB').resize((24, 24)))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code = cli.main(["tune", str(image_folder), "--batch-size", "4", "--step-ms", "5", "--budget", "3",
+                     "--max-workers", "0", "--transform", "my_pipeline:small", "--quiet"])
+    out = capsys.readouterr().out
+    assert code == 0 and "transform timed: my_pipeline.small" in out
+    import my_pipeline
+
+    assert my_pipeline.CALLS, "the transform ran"
+    for spec, message in (("my_pipeline", "package.module:callable"), ("no_such_module:f", "cannot import"),
+                          ("my_pipeline:missing", "has no missing"), ("my_pipeline:CALLS", "not callable")):
+        assert cli.main(["tune", str(image_folder), "--step-ms", "5", "--transform", spec]) != 0
+        assert message in capsys.readouterr().err

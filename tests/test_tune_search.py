@@ -11,8 +11,15 @@ from typing import Any
 import pytest
 import torch
 
-from packload.diagnose import tune_search
-from packload.diagnose.tune_search import Cycle, MemoryGuard, Trial, aggregate, batch_nbytes, cost, select
+from packload.diagnose import loader_memory
+from packload.diagnose.loader_memory import MemoryGuard, batch_nbytes
+from packload.diagnose.tune_search import (
+    Cycle,
+    Trial,
+    aggregate,
+    cost,
+    select,
+)
 
 
 def trial(workers: int, prefetch: int | None, pin: bool, rate: float, **fields: Any) -> Trial:
@@ -74,12 +81,12 @@ def test_cycle_runs_the_samplers_epochs_on_a_copy() -> None:
 
 def test_the_memory_guard_predicts_from_what_the_workers_took(monkeypatch: pytest.MonkeyPatch) -> None:
     gib = 1 << 30
-    monkeypatch.setattr(tune_search, "memory_status", lambda: {"total": 20 * gib, "available": 4 * gib})
+    monkeypatch.setattr(loader_memory, "memory_status", lambda: {"total": 20 * gib, "available": 4 * gib})
     guard = MemoryGuard()
     assert guard.margin == 2 * gib  # a tenth of the memory, at least 1 GiB
     guard.batch_bytes = 1 << 20
-    assert guard.predicted(4, 2, False) == 4 * tune_search.GUESS_WORKER_BYTES + 8 * (1 << 20)
-    assert guard.predicted(4, 2, True) == 4 * tune_search.GUESS_WORKER_BYTES + 16 * (1 << 20)  # pinned copies
+    assert guard.predicted(4, 2, False) == 4 * loader_memory.GUESS_WORKER_BYTES + 8 * (1 << 20)
+    assert guard.predicted(4, 2, True) == 4 * loader_memory.GUESS_WORKER_BYTES + 16 * (1 << 20)  # pinned copies
     guard.learn(trial(4, 2, False, 100.0, worker_pss_mb=400.0))
     assert guard.per_worker == 100 << 20
     guard.learn(trial(2, 2, False, 100.0, worker_pss_mb=100.0))  # less per worker: the larger is kept
@@ -87,7 +94,7 @@ def test_the_memory_guard_predicts_from_what_the_workers_took(monkeypatch: pytes
     assert guard.per_worker == 100 << 20
     assert guard.allows(16, 2, False) and not guard.allows(21, 2, False)
     assert not guard.low()
-    monkeypatch.setattr(tune_search, "memory_status", lambda: {"total": 20 * gib, "available": gib})
+    monkeypatch.setattr(loader_memory, "memory_status", lambda: {"total": 20 * gib, "available": gib})
     assert guard.low()
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,37 +28,27 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 from tqdm import tqdm
 
 from packload.core.cpus import usable_cores
-from packload.core.errors import PackloadError, UsageError
-from packload.core.format import MANIFEST_NAME, shard_number
+from packload.core.errors import PackloadError
 from packload.diagnose.gpu_step import DummyStep, iter_tensors
+from packload.diagnose.loader_config import CONFIG_KEY, CONFIG_VERSION
+from packload.diagnose.loader_memory import MemoryGuard, batch_nbytes
 from packload.diagnose.measure import machine_info
 from packload.diagnose.tune_search import (
     WAITING_CAP,
     Cycle,
-    MemoryGuard,
     Search,
     Trial,
     TrialRunner,
-    batch_nbytes,
     descriptor_workers,
     select,
 )
-from packload.loaders.collate import collate_uint8
 from packload.loaders.dataset import PackedImageFolder
 from packload.loaders.folder import FolderImages
-from packload.loaders.transforms import ResizeCenterCrop
 
-__all__ = ["LoaderConfigError", "Trial", "TuneError", "TuneResult", "format_report", "load_loader_config",
-           "tune", "tune_path"]
+__all__ = ["Trial", "TuneError", "TuneResult", "format_report", "tune"]
 
 DEFAULT_TOLERANCE = 0.04  # configurations within 4% of the fastest count as equally fast
 COMPUTE_BOUND_WAIT = 0.10  # the GPU waiting less than this share of the time: compute-bound
-CONFIG_KEY, CONFIG_VERSION = "packload_loader_config", 1
-LOADER_KEYS = ("batch_size", "num_workers", "prefetch_factor", "pin_memory", "persistent_workers")
-
-
-class LoaderConfigError(UsageError):
-    """A loader config file that cannot be used; the message names the file and the problem."""
 
 
 class TuneError(PackloadError, RuntimeError):
@@ -90,6 +79,9 @@ class TuneResult:
     max_workers: int
     tolerance: float
     machine: dict[str, Any]
+    transform: str = ""  # the dataset's transform that was timed, as the report names it
+    dataset: str = ""  # what was read: the pack's or folder's path, or the dataset's class
+    fast_path: dict[str, Any] | None = None  # PackLoader's threads, when measured (``packload tune PACK``)
     collate_fn: Callable[[Any], Any] | None = field(default=None, repr=False, compare=False)
     sampler: Sampler[int] | None = field(default=None, repr=False, compare=False)
 
@@ -227,7 +219,19 @@ def tune(dataset: Dataset, batch_size: int, step_ms: float | None = None, model:
                       not_measured={} if step.on_gpu else {"pin_memory": f"not measured ({_why_emulated()})"},
                       stopped=reason, skipped=search.skipped, notes=_notes(search.trials),
                       elapsed_s=time.perf_counter() - start, budget_s=budget_s, max_workers=search.max_workers, tolerance=tolerance,
-                      machine=machine_info(), collate_fn=collate_fn, sampler=sampler)
+                      machine=machine_info(), collate_fn=collate_fn, sampler=sampler,
+                      transform=describe_transform(getattr(dataset, "transform", None)),
+                      dataset=str(getattr(dataset, "root", "") or type(dataset).__name__))
+
+
+def describe_transform(transform: Callable[[Any], Any] | None) -> str:
+    """What a transform is called in the report: its module and name, or its repr ("none")."""
+    if transform is None:
+        return "none"
+    name = getattr(transform, "__qualname__", None) or type(transform).__qualname__
+    module = getattr(transform, "__module__", None) or type(transform).__module__
+    text = f"{module}.{name}" if module and not module.startswith("packload.") else repr(transform)
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def _why_emulated() -> str:
@@ -289,69 +293,6 @@ def _notes(trials: list[Trial]) -> list[str]:
     return []
 
 
-def load_loader_config(path: str | os.PathLike[str], check_machine: bool = True) -> dict[str, Any]:
-    """The DataLoader arguments a ``TuneResult.save`` file holds: ``DataLoader(ds, **config)``.
-
-    Raises ``LoaderConfigError`` (a ``ValueError``) naming the file and the problem; warns when the
-    file was measured on a machine with other cores or another GPU.
-    """
-    try:
-        document = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise LoaderConfigError(f"{path}: cannot read it ({exc.strerror or exc})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise LoaderConfigError(f"{path}: not a JSON file ({exc}); write one with `packload tune --save` "
-                                "or TuneResult.save") from None
-    if not isinstance(document, dict) or CONFIG_KEY not in document:
-        raise LoaderConfigError(f"{path}: not a packload loader config (no {CONFIG_KEY!r} key); write one with "
-                                "`packload tune --save` or TuneResult.save")
-    if document[CONFIG_KEY] != CONFIG_VERSION:
-        raise LoaderConfigError(f"{path}: loader config version {document[CONFIG_KEY]!r}; this packload reads "
-                                f"version {CONFIG_VERSION}")
-    loader = document.get("loader")
-    if not isinstance(loader, dict):
-        raise LoaderConfigError(f"{path}: 'loader' must be an object with {', '.join(LOADER_KEYS)}")
-    missing, unknown = set(LOADER_KEYS) - set(loader), set(loader) - set(LOADER_KEYS)
-    if missing or unknown:
-        raise LoaderConfigError(f"{path}: 'loader' " + "; ".join(
-            part for part in (f"lacks {', '.join(sorted(missing))}" if missing else "",
-                              f"has unknown {', '.join(sorted(unknown))}" if unknown else "") if part))
-    _check_loader(path, loader)
-    if check_machine and isinstance(document.get("machine"), dict):
-        _warn_other_machine(path, document["machine"])
-    return dict(loader)
-
-
-def _check_loader(path: str | os.PathLike[str], loader: dict[str, Any]) -> None:
-    def is_int(value: Any, minimum: int) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
-
-    problems = []
-    if not is_int(loader["batch_size"], 1):
-        problems.append(f"batch_size {loader['batch_size']!r} must be an integer of at least 1")
-    if not is_int(loader["num_workers"], 0):
-        problems.append(f"num_workers {loader['num_workers']!r} must be an integer of at least 0")
-    for name in ("pin_memory", "persistent_workers"):
-        if not isinstance(loader[name], bool):
-            problems.append(f"{name} {loader[name]!r} must be true or false")
-    prefetch, workers = loader["prefetch_factor"], loader["num_workers"]
-    if workers == 0 and (prefetch is not None or loader["persistent_workers"] is True):
-        problems.append("with num_workers 0, prefetch_factor must be null and persistent_workers false")
-    elif is_int(workers, 1) and not is_int(prefetch, 1):
-        problems.append(f"prefetch_factor {prefetch!r} must be an integer of at least 1")
-    if problems:
-        raise LoaderConfigError(f"{path}: " + "; ".join(problems))
-
-
-def _warn_other_machine(path: str | os.PathLike[str], saved: dict[str, Any]) -> None:
-    here = {"usable_cores": usable_cores(), "cuda_device": machine_info()["cuda_device"]}
-    differs = [f"{name} {saved.get(name)!r} there, {value!r} here" for name, value in here.items()
-               if name in saved and saved.get(name) != value]
-    if differs:
-        warnings.warn(f"{path}: measured on another machine ({'; '.join(differs)}); run `packload tune` here "
-                      "for settings that fit this one", stacklevel=3)
-
-
 def _worker_memory(trial: Trial) -> str:
     """The workers' proportional share of memory (PSS: shared pages such as the CUDA libraries a
     forked worker maps count once, not once per worker); RSS, marked, where PSS cannot be read."""
@@ -360,12 +301,28 @@ def _worker_memory(trial: Trial) -> str:
     return f"{trial.worker_rss_mb:.0f} MB RSS" if trial.worker_rss_mb else "-"
 
 
+def _fast_path_lines(result: TuneResult) -> list[str]:
+    """What PackLoader's threads gave against the DataLoader pick, and which to use."""
+    fast = result.fast_path
+    if not fast:
+        return []
+    if fast.get("pick") is None:
+        return [f"  fast path (PackLoader): {fast.get('note', 'not measured')}"]
+    ratio = fast["samples_per_s"] / result.winner.samples_per_s if result.winner.samples_per_s else float("inf")
+    head = (f"  fast path: PackLoader with {fast['threads']} threads: {fast['samples_per_s']:,.0f} img/s, "
+            f"{ratio:.2f}x the DataLoader pick")
+    if ratio > 1 + result.tolerance:
+        return [head + "; use it:", f"    {fast['code']}"]
+    return [head + "; the DataLoader pick is as fast or faster here: keep it"]
+
+
 def format_report(result: TuneResult) -> list[str]:
     """The result for a terminal: the step, every trial, the pick, the verdict, an epoch's time."""
     lines = [f"packload tune: {result.samples_per_epoch:,} samples per epoch, batch {result.batch_size}; "
              f"{result.step['description']}",
              f"  the GPU step alone: {result.step_samples_per_s:,.0f} img/s "
              f"({result.step_samples_per_s / result.batch_size:,.1f} batches/s)",
+             f"  transform timed: {result.transform}",
              "  workers  prefetch  pin    img/s  batches/s  GPU waits  CPU cores  start-up  worker PSS  phase"]
     for t in result.trials:
         lines.append(f"  {t.num_workers:7d}  {t.prefetch_factor or '-':>8}  {'yes' if t.pin_memory else 'no':>3}  "
@@ -381,37 +338,9 @@ def format_report(result: TuneResult) -> list[str]:
               f"  one epoch: {result.epoch_s:,.1f} s at {result.winner.samples_per_s:,.0f} img/s"
               + (f" (plus {result.winner.startup_s:.1f} s of worker start-up in the first epoch; "
                  "persistent_workers saves it in the next ones)" if result.winner.num_workers else "")]
+    lines += _fast_path_lines(result)
     lines += [f"  skipped {reason}" for reason in result.skipped]
     lines += [f"  note: {note}" for note in result.notes]
     lines.append(f"  {len(result.trials)} trials in {result.elapsed_s:.1f} s of a {result.budget_s:g} s budget; "
                  f"the worker search ended: {result.stopped}")
     return lines
-
-
-def open_dataset(path: str | os.PathLike[str], image_size: int = 224) -> Dataset:
-    """A pack (``.lmdb`` file or shards folder) or a raw image folder, decoded, resized and
-    centre-cropped to ``image_size`` as a training pipeline would."""
-    root = Path(path)
-    crop = ResizeCenterCrop(image_size)
-    is_shards = root.is_dir() and any(shard_number(p.name) is not None for p in root.iterdir())
-    if root.is_dir() and not (root / MANIFEST_NAME).exists() and not is_shards:
-        dataset = FolderImages(root, transform=crop)
-        if len(dataset) == 0:
-            raise UsageError(f"{root}: no images found (and not a pack); give a pack or an image folder")
-        return dataset
-    return PackedImageFolder(root, transform=crop)
-
-
-def tune_path(path: str | os.PathLike[str], batch_size: int = 256, step_ms: float | None = None,
-              model: str | None = None, budget_s: float = 60.0, max_workers: int | None = None,
-              progress: bool = True, device: str | None = None, image_size: int = 224,
-              sync: bool = True) -> TuneResult:
-    """``packload tune PATH``: tune reading a pack or an image folder into uint8 batches."""
-    try:
-        return tune(open_dataset(path, image_size), batch_size, step_ms=step_ms, model=model, budget_s=budget_s,
-                    max_workers=max_workers, collate_fn=collate_uint8, progress=progress, device=device,
-                    sync=sync)
-    except ValueError as exc:
-        if isinstance(exc, UsageError):
-            raise
-        raise UsageError(str(exc)) from None

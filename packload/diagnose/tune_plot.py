@@ -19,17 +19,31 @@ class PlotUnavailableError(PackloadError, RuntimeError):
     """matplotlib is not installed."""
 
 
-def plot_result(result: TuneResult, path: str | os.PathLike[str]) -> Path:
-    """Write the plot of ``result`` to ``path`` (PNG, or any format matplotlib knows by suffix)."""
+def require_matplotlib() -> None:
+    """Refuse at once, before any search, when matplotlib is missing."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg", force=False)
-        import matplotlib.pyplot as plt
+        import matplotlib  # noqa: F401
     except ImportError:
-        raise PlotUnavailableError("the plot needs matplotlib: pip install matplotlib (the rest of tune works "
-                           "without it)") from None
+        raise PlotUnavailableError("--plot needs matplotlib: pip install matplotlib (or leave out --plot; the "
+                                   "rest of tune works without it)") from None
+
+
+def plot_result(result: TuneResult, path: str | os.PathLike[str]) -> Path:
+    """Write the plot of ``result`` to ``path`` (PNG, or any format matplotlib knows by suffix): the
+    median of each configuration's repeats, their spread as error bars, integer worker ticks."""
+    require_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
     merged = aggregate(result.trials)
+    spread: dict[tuple[int, int | None, bool], tuple[float, float]] = {}
+    for trial in result.trials:
+        if trial.valid:
+            low, high = spread.get(trial.key, (trial.samples_per_s, trial.samples_per_s))
+            spread[trial.key] = (min(low, trial.samples_per_s), max(high, trial.samples_per_s))
     series: dict[tuple[int | None, bool], list[tuple[int, float]]] = {}
     for (workers, prefetch, pin), trial in merged.items():
         series.setdefault((prefetch, pin), []).append((workers, trial.samples_per_s))
@@ -41,8 +55,11 @@ def plot_result(result: TuneResult, path: str | os.PathLike[str]) -> Path:
         main = prefetch == PREFETCH_DEFAULT  # the searched series; other depths are single checks
         points = sorted(points + (no_workers if main else []))
         label = f"prefetch_factor={prefetch}" + (", pinned" if pin else "")
-        axes.plot([w for w, _ in points], [r for _, r in points], marker="o" if main else "s",
-                  linestyle="-" if main else ":", label=label)
+        keys = [(w, None if w == 0 else prefetch, pin) for w, _ in points]
+        below = [r - spread.get(k, (r, r))[0] for k, (_, r) in zip(keys, points, strict=True)]
+        above = [spread.get(k, (r, r))[1] - r for k, (_, r) in zip(keys, points, strict=True)]
+        axes.errorbar([w for w, _ in points], [r for _, r in points], yerr=[below, above], capsize=3,
+                      marker="o" if main else "s", linestyle="-" if main else ":", label=label)
     if not any(pf is not None for pf, _ in series):
         axes.plot([w for w, _ in no_workers], [r for _, r in no_workers], marker="o", label="num_workers=0")
     axes.axhline(result.step_samples_per_s, color="grey", linestyle="--",
@@ -50,8 +67,12 @@ def plot_result(result: TuneResult, path: str | os.PathLike[str]) -> Path:
     axes.plot([result.winner.num_workers], [result.winner.samples_per_s], marker="*", markersize=16,
               color="crimson", linestyle="none", label="pick")
     axes.set_xlabel("num_workers")
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.set_ylabel("samples/s (loader + GPU step)")
-    axes.set_title(f"packload tune: batch {result.batch_size}, {result.verdict}")
+    step = f"{result.step['step_ms']:g} ms step" if result.step.get("step_ms") else str(result.step.get("model"))
+    loop = "sync loop" if result.step.get("sync") else "async loop"
+    axes.set_title(f"packload tune: {result.dataset}, batch {result.batch_size}, {step} ({loop}): {result.verdict}",
+                   fontsize=9)
     axes.set_ylim(bottom=0)
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8, loc="lower right")

@@ -26,21 +26,20 @@ import os
 import statistics
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from packload.core.memory import memory_status
-from packload.diagnose.gpu_step import DummyStep, iter_tensors
+from packload.diagnose.gpu_step import DummyStep
+from packload.diagnose.loader_memory import MemoryGuard
 from packload.diagnose.measure import cpu_seconds, loader_worker_pids, process_memory
 
 MIN_WINDOWS = 3
 PREFETCH_DEFAULT = 2
 PREFETCH_DEEPER = (4, 8)
-GUESS_WORKER_BYTES = 256 << 20  # before any worker has been measured
 WAITING_CAP = 64  # workers at most where they wait rather than compute (stated in the report)
 WAITING_SHARE = 0.75  # with less than this share of the usable cores busy, the workers are waiting
 FDS_PER_WORKER = 16  # descriptors a DataLoader worker may hold (its pipes, queues, the pack's files)
@@ -149,46 +148,22 @@ class Cycle(Sampler[int]):
             epoch += 1
 
 
-class MemoryGuard:
-    """Keeps free memory above a safety margin: predicts what a configuration's workers and queued
-    batches will take (learning the per-worker cost from the trials) and watches it during trials."""
-
-    def __init__(self, margin_bytes: int | None = None) -> None:
-        total = memory_status()["total"]
-        self.margin = margin_bytes if margin_bytes is not None else max(1 << 30, total // 10)
-        self.per_worker = GUESS_WORKER_BYTES
-        self.batch_bytes = 0
-
-    def predicted(self, workers: int, prefetch: int | None, pin: bool) -> int:
-        queued = workers * (prefetch or 0) * self.batch_bytes * (2 if pin else 1)
-        return workers * self.per_worker + queued
-
-    def allows(self, workers: int, prefetch: int | None, pin: bool) -> bool:
-        return memory_status()["available"] - self.predicted(workers, prefetch, pin) >= self.margin
-
-    def low(self) -> bool:
-        return memory_status()["available"] < self.margin
-
-    def learn(self, trial: Trial) -> None:
-        if trial.num_workers and trial.worker_pss_mb:
-            measured = int(trial.worker_pss_mb * 2**20 / trial.num_workers)
-            self.per_worker = measured if self.per_worker == GUESS_WORKER_BYTES else max(self.per_worker, measured)
-
-
-def batch_nbytes(batch: Any) -> int:
-    return sum(t.nelement() * t.element_size() for t in iter_tensors(batch))
-
-
 class TrialRunner:
     """Measures one configuration: a DataLoader over an endless sampler, fed to the dummy step."""
 
     def __init__(self, dataset: Dataset, batch_size: int, sampler: Sampler[int] | None,
                  collate_fn: Callable[[Any], Any] | None, step: DummyStep, step_rate: float,
-                 guard: MemoryGuard, tick: Callable[[str], None]) -> None:
+                 guard: MemoryGuard, tick: Callable[[str], None],
+                 make_loader: Callable[[int, int | None, bool], Iterable[Any]] | None = None) -> None:
+        """``make_loader(workers, prefetch, pin)`` builds another kind of loader (an endless iterable
+        of batches) in place of the DataLoader: ``PackLoader``'s threads are measured so."""
         self.dataset, self.batch_size, self.sampler, self.collate_fn = dataset, batch_size, sampler, collate_fn
         self.step, self.step_rate, self.guard, self.tick = step, step_rate, guard, tick
+        self.make_loader = make_loader
 
-    def loader(self, workers: int, prefetch: int | None, pin: bool) -> DataLoader:
+    def loader(self, workers: int, prefetch: int | None, pin: bool) -> Iterable[Any]:
+        if self.make_loader is not None:
+            return self.make_loader(workers, prefetch, pin)
         return DataLoader(self.dataset, batch_size=self.batch_size, sampler=Cycle(self.sampler, len(self.dataset)),
                           collate_fn=self.collate_fn, num_workers=workers, drop_last=True,
                           prefetch_factor=prefetch if workers else None, pin_memory=pin)
