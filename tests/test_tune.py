@@ -21,6 +21,7 @@ from torch.utils.data import Dataset, IterableDataset
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from packload import pack  # noqa: E402
+from packload.core.errors import UsageError  # noqa: E402
 from packload.diagnose import loader_memory, tune_search  # noqa: E402
 from packload.diagnose.gpu_step import DummyStep  # noqa: E402
 from packload.diagnose.loader_config import LoaderConfigError, load_loader_config  # noqa: E402
@@ -509,3 +510,24 @@ def test_the_users_own_transform_is_timed_and_named(image_folder, tmp_path, monk
                           ("my_pipeline:missing", "has no missing"), ("my_pipeline:CALLS", "not callable")):
         assert cli.main(["tune", str(image_folder), "--step-ms", "5", "--transform", spec]) != 0
         assert message in capsys.readouterr().err
+
+
+def test_a_folder_with_broken_files_tunes_and_names_them(tmp_path):
+    """A raw folder with broken files is tuned on its intact images; the broken ones are left out as
+    ``pack`` would skip them, and named in the result and the report."""
+    root = tmp_path / "images"
+    make_image_folder(root, classes=("a", "b"), per_class=6, seed=4)
+    (root / "a" / "cut.jpg").write_bytes(b"\xff\xd8\xff\xe0" + b"\0" * 40)  # a JPEG cut short
+    (root / "b" / "text.png").write_bytes(b"not an image")
+    r = tune_path(root, batch_size=4, step_ms=5, budget_s=3, max_workers=1, progress=False, image_size=32)
+    assert sorted(b["path"] for b in r.broken) == ["a/cut.jpg", "b/text.png"]
+    assert r.samples_per_epoch == 12 and r.trials
+    assert any("left out 2 broken file(s)" in line and "a/cut.jpg" in line for line in format_report(r))
+    for name in ("cut.jpg", "text.png"):
+        (root / ("a" if name == "cut.jpg" else "b") / name).unlink()
+    (root / "a" / "only.jpg").write_bytes(b"x")
+    for image in list(root.rglob("*.png")) + list(root.rglob("*.jpg")):
+        if image.name != "only.jpg":
+            image.unlink()
+    with pytest.raises(UsageError, match="every image is broken"):
+        tune_path(root, batch_size=4, step_ms=5, budget_s=3, progress=False)

@@ -82,6 +82,7 @@ class TuneResult:
     transform: str = ""  # the dataset's transform that was timed, as the report names it
     dataset: str = ""  # what was read: the pack's or folder's path, or the dataset's class
     fast_path: dict[str, Any] | None = None  # PackLoader's threads, when measured (``packload tune PACK``)
+    broken: list[dict[str, str]] = field(default_factory=list)  # files of a folder left out as pack skips them
     collate_fn: Callable[[Any], Any] | None = field(default=None, repr=False, compare=False)
     sampler: Sampler[int] | None = field(default=None, repr=False, compare=False)
 
@@ -221,7 +222,8 @@ def tune(dataset: Dataset, batch_size: int, step_ms: float | None = None, model:
                       elapsed_s=time.perf_counter() - start, budget_s=budget_s, max_workers=search.max_workers, tolerance=tolerance,
                       machine=machine_info(), collate_fn=collate_fn, sampler=sampler,
                       transform=describe_transform(getattr(dataset, "transform", None)),
-                      dataset=str(getattr(dataset, "root", "") or type(dataset).__name__))
+                      dataset=str(getattr(dataset, "root", "") or type(dataset).__name__),
+                      broken=list(getattr(dataset, "broken", [])))
 
 
 def describe_transform(transform: Callable[[Any], Any] | None) -> str:
@@ -339,6 +341,10 @@ def format_report(result: TuneResult) -> list[str]:
               + (f" (plus {result.winner.startup_s:.1f} s of worker start-up in the first epoch; "
                  "persistent_workers saves it in the next ones)" if result.winner.num_workers else "")]
     lines += _fast_path_lines(result)
+    if result.broken:
+        shown = "; ".join(f"{b['path']} ({b['reason']})" for b in result.broken[:5])
+        more = f"; and {len(result.broken) - 5} more" if len(result.broken) > 5 else ""
+        lines.append(f"  left out {len(result.broken)} broken file(s), as pack would skip them: {shown}{more}")
     lines += [f"  skipped {reason}" for reason in result.skipped]
     lines += [f"  note: {note}" for note in result.notes]
     lines.append(f"  {len(result.trials)} trials in {result.elapsed_s:.1f} s of a {result.budget_s:g} s budget; "

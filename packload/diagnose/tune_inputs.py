@@ -11,8 +11,10 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
+from packload.core.cpus import usable_cores
 from packload.core.errors import UsageError
 from packload.core.format import MANIFEST_NAME, shard_number
+from packload.core.scan import Sample
 from packload.diagnose.gpu_step import DummyStep
 from packload.diagnose.tune import TuneResult, tune
 from packload.diagnose.tune_fast import tune_fast_path
@@ -20,6 +22,8 @@ from packload.loaders.collate import collate_uint8
 from packload.loaders.dataset import PackedImageFolder
 from packload.loaders.folder import FolderImages
 from packload.loaders.transforms import ResizeCenterCrop
+from packload.packer.encode import EncodeOptions, Skipped
+from packload.packer.pipeline import encoded_stream
 
 
 def load_transform(spec: str) -> Callable[[Any], Any]:
@@ -52,8 +56,28 @@ def open_dataset(path: str | os.PathLike[str], image_size: int = 224,
         dataset = FolderImages(root, transform=crop)
         if len(dataset) == 0:
             raise UsageError(f"{root}: no images found (and not a pack); give a pack or an image folder")
-        return dataset
+        return without_broken(dataset)
     return PackedImageFolder(root, transform=crop)
+
+
+def without_broken(dataset: FolderImages) -> FolderImages:
+    """``dataset`` less the files ``pack`` would skip as broken (its own check, on every file), which
+    would otherwise end the search with a DataLoader traceback; they are listed in ``dataset.broken``."""
+    root = Path(dataset.root)
+    samples = [Sample(os.path.relpath(path, root), label) for path, label in dataset.samples]
+    broken: list[dict[str, str]] = []
+    bad: set[int] = set()
+    for position, item in enumerate(encoded_stream(root, samples, 0, EncodeOptions(), usable_cores())):
+        if isinstance(item, Skipped):
+            bad.add(position)
+            broken.append({"path": item.path, "reason": item.reason})
+    if len(bad) == len(samples):
+        raise UsageError(f"{root}: every image is broken (first: {broken[0]['path']}: {broken[0]['reason']}); fix "
+                         "the files, or give another folder")
+    dataset.samples = [s for k, s in enumerate(dataset.samples) if k not in bad]
+    dataset.targets = [t for k, t in enumerate(dataset.targets) if k not in bad]
+    dataset.broken = broken  # type: ignore[attr-defined]
+    return dataset
 
 
 FAST_PATH_SHARE = 0.25  # of the budget, for PackLoader's threads (a pack read through the built-in crop)
