@@ -10,8 +10,8 @@ measured once with the same trial routine and longer trials (the grid's time is 
 interleaved, and their medians compared. Reported: the pick's rate as a share of the fastest's,
 and the tuner's time as a share of the grid's. Targets: at least 95% at most 25% of the time.
 
-    python benchmarks/tune_quality.py            # ~8 minutes on 2 cores
-    python benchmarks/tune_quality.py --quick    # ~4 minutes
+    python benchmarks/tune_quality.py            # ~20 minutes on 2 cores
+    python benchmarks/tune_quality.py --quick    # ~10 minutes
 """
 
 from __future__ import annotations
