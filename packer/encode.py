@@ -60,6 +60,9 @@ class EncodeOptions:
             raise ValueError(f"--quality {self.quality} is out of range; give 1..100")
         if self.max_side is not None and self.max_side < 1:
             raise ValueError(f"--max-side {self.max_side} must be a positive number of pixels")
+        if self.max_pixels is not None and self.max_pixels < 1:
+            raise ValueError(f"--max-pixels {self.max_pixels} must be a positive number of pixels "
+                             "(for example 500000000)")
         if self.max_side is not None and self.encoding == "keep":
             raise ValueError("--max-side re-encodes images; use it with --encoding jpeg, png or raw")
         if self.size is not None and self.encoding != "raw":

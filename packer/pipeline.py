@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import lmdb
-from tqdm import tqdm
 
 from packload.core.cpus import usable_cores
 from packload.core.display import terminal_safe
 from packload.core.errors import PackFormatError, SkippedFileError, UsageError, WriteError
 from packload.core.format import RecordMeta, pack_size
 from packload.core.manifest import build_manifest, ignored_count, skipped_count
+from packload.core.progress import progress_bar
 from packload.core.scan import Sample, ScanResult, printable, scan_folder
 from packload.core.threads import single_core_torch_pool
 from packload.core.workers import process_pool
@@ -172,7 +172,8 @@ def _resume_point(scan: ScanResult, kept: list[RecordMeta], progress: dict[str, 
                   options: dict[str, Any]) -> tuple[int, list[dict[str, str]]]:
     """Where to go on after ``kept`` records; refuses when the source or options have changed."""
     if progress.get("options") != options:
-        raise UsageError(f"the unfinished pack was started with other options ({progress.get('options')}); "
+        raise UsageError(f"the unfinished pack was started with other options: "
+                         f"{options_changed(progress.get('options') or {}, options)}; "
                          "resume with the same options, or start over with --overwrite")
     changed = f"{scan.root}: the source folder changed since the pack was interrupted"
     position = {sample.path: i for i, sample in enumerate(scan.samples)}
@@ -194,6 +195,25 @@ def _resume_point(scan: ScanResult, kept: list[RecordMeta], progress: dict[str, 
         skipped.append({"path": item.path, "reason": item.reason, "pos": pos})
     skipped.sort(key=lambda s: s["pos"])
     return last + 1, skipped
+
+
+# The flag of ``pack`` that sets each field of an options record.
+OPTION_FLAGS = {"backend": "--format", "encoding": "--encoding", "quality": "--quality", "max_side": "--max-side",
+                "size": "--size", "check": "--check", "max_pixels": "--max-pixels"}
+
+
+def options_changed(before: dict[str, Any], now: dict[str, Any]) -> str:
+    """``--encoding was keep, now jpeg`` for each option that differs between two records."""
+    def shown(value: Any) -> str:
+        if isinstance(value, (list, tuple)):
+            return "x".join(str(v) for v in value)
+        return "unset" if value is None else str(value)
+
+    changes = [f"{OPTION_FLAGS.get(key, key)} was {shown(before.get(key))}, now {shown(now.get(key))}"
+               for key in sorted(set(before) | set(now), key=lambda k: list(OPTION_FLAGS).index(k)
+                                 if k in OPTION_FLAGS else len(OPTION_FLAGS))
+               if before.get(key) != now.get(key)]
+    return "; ".join(changes) or "unknown"
 
 
 def options_from_record(record: dict[str, Any]) -> EncodeOptions:
@@ -235,6 +255,7 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: s
     with DestinationLock(dst_path):
         check_destination(dst_path, overwrite)
         scan = scan_folder(src_path)
+        scan.check_splits(strict)
         if strict:
             scan.refuse_not_regular()
         tmp = partial_path(dst_path)
@@ -247,6 +268,8 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: s
         _publish(tmp, dst_path)
     seconds = time.perf_counter() - started
     source_bytes = manifest["source"]["bytes"]
+    run_files = len(scan.samples) - start  # a resumed pack's rates count this run's files only
+    run_bytes = source_bytes - (_kept_source_bytes(scan, start, skipped) if start else 0)
     return {
         "destination": str(dst_path),
         "backend": backend,
@@ -258,9 +281,13 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: s
         "source_bytes": source_bytes,
         "pack_bytes": pack_size(dst_path),
         "seconds": round(seconds, 3),
-        "files_per_s": round(len(scan.samples) / seconds, 1) if seconds > 0 else None,
-        "mb_per_s": round(source_bytes / seconds / 1e6, 1) if seconds > 0 else None,
+        "files_total": len(scan.samples),
+        "files_this_run": run_files,
+        "files_per_s": round(run_files / seconds, 1) if seconds > 0 else None,
+        "mb_per_s": round(run_bytes / seconds / 1e6, 1) if seconds > 0 else None,
         "resumed_at": start if start else None,
+        "engine": "local",
+        "ray": None,  # the Ray engine's task figures; the same keys whichever engine packed
     }
 
 
@@ -357,7 +384,7 @@ def _write_all(scan: ScanResult, writer: ShardsWriter | LmdbWriter, start: int, 
     written_bytes = 0  # source bytes of the files packed in this run
     kept_bytes = _kept_source_bytes(scan, start, skipped)
     last_checkpoint = time.monotonic()
-    bar = tqdm(total=total, initial=start, unit="img", disable=not progress, dynamic_ncols=True,
+    bar = progress_bar(total=total, initial=start, unit="img", disable=not progress, dynamic_ncols=True,
                desc=f"pack {terminal_safe(scan.root.name)}", smoothing=0.1)
     tick = time.perf_counter()
     pos = start
