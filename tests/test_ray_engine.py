@@ -80,9 +80,10 @@ def test_ray_pack_reads_like_a_local_pack(ray_instance: Path, source: Path, tmp_
     local, remote = tmp_path / "local" / dest, tmp_path / "ray" / dest
     local.parent.mkdir()
     remote.parent.mkdir()
-    pack(source, local, workers=1, progress=False, shard_size=1 << 16)
+    local_result = pack(source, local, workers=1, progress=False, shard_size=1 << 16)
     result = pack_ray(source, remote, task_files=5, progress=False, shard_size=1 << 16)
     assert result["ray"]["tasks"] == 10 and result["engine"] == "ray"  # 47 image files in ranges of 5
+    assert set(result) == set(local_result) and local_result["engine"] == "local"  # one shape, both engines
     expected = records_of(local)
     assert len(expected) == 42 and result["records"] == 42  # 5 broken files skipped
     assert records_of(remote) == expected
