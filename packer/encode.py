@@ -20,7 +20,7 @@ from stat import S_ISREG
 import numpy as np
 from PIL import Image
 
-try:  # libjpeg-turbo, releases the GIL: the fast path for re-encoding JPEGs (the ``fast`` extra)
+try:  # libjpeg-turbo, releases the GIL: the fast path for re-encoding JPEGs (a dependency)
     import simplejpeg
 except ImportError:  # pragma: no cover - PIL does everything without it
     simplejpeg = None

@@ -11,6 +11,8 @@ from PIL import Image
 
 from packload.cli import JSON_SCHEMA_VERSION, main
 
+DOC = Path(__file__).resolve().parents[1] / "docs" / "CLI.md"
+
 
 @pytest.fixture(scope="module")
 def place(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -41,10 +43,23 @@ def test_every_command_has_the_same_head(place: Path, capsys: pytest.CaptureFixt
         "tune": ["tune", pack, "--step-ms", "1", "--batch-size", "4", "--budget", "2", "--max-workers", "0"],
         "doctor": ["doctor", pack, "--no-measure"],
     }
+    doc = DOC.read_text()
     for command, argv in runs.items():
         out = as_json(argv, capsys)
         assert list(out)[:2] == ["schema_version", "command"], command
         assert out["schema_version"] == JSON_SCHEMA_VERSION and out["command"] == command
+        section = doc.split(f"## `packload {command}`")[1].split("\n## ")[0]
+        assert [key for key in list(out)[2:] if f"`{key}`" not in section] == [], command  # documented
+
+
+def test_docs_name_every_option_of_every_command() -> None:
+    from packload.cli import build_parser
+    from packload.cli_parser import option_strings, subcommand_parsers
+
+    doc = DOC.read_text()
+    for sub in subcommand_parsers(build_parser()):
+        section = doc.split(f"## `{sub.prog}`")[1].split("\n## ")[0]
+        assert [flag for flag in option_strings(sub) if flag.startswith("--") and flag != "--help" and flag not in section] == []
 
 
 def test_pack_json_keys(place: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -169,7 +169,7 @@ def test_a_folder_with_broken_files_is_measured_without_them(tmp_path, capsys):
     assert report["stall"] is not None
 
 
-def test_fast_extra_recommended_only_when_missing(monkeypatch):
+def test_fast_decoder_recommended_only_when_missing(monkeypatch):
     from packload.diagnose import machine, software
 
     monkeypatch.setattr(software, "fast_decoder_installed", lambda: True)
@@ -177,9 +177,9 @@ def test_fast_extra_recommended_only_when_missing(monkeypatch):
     assert by_name(software.software_checks())["fast_decoder"]["status"] == "ok"
     assert not any("fast" in (c["fix"] or "") for c in machine.cpu_checks(2, 1, 2, None))
     monkeypatch.setattr(software, "fast_decoder_installed", lambda: False)
-    assert '.[fast]' in software.fast_hint()
-    assert '.[fast]' in by_name(software.software_checks())["fast_decoder"]["fix"]
-    assert any(".[fast]" in (c["fix"] or "") for c in machine.cpu_checks(2, 1, 2, None))
+    assert "pip install simplejpeg" in software.fast_hint()
+    assert "pip install simplejpeg" in by_name(software.software_checks())["fast_decoder"]["fix"]
+    assert any("pip install simplejpeg" in (c["fix"] or "") for c in machine.cpu_checks(2, 1, 2, None))
 
 
 def test_resize_kernel_reported(monkeypatch):

@@ -1,6 +1,6 @@
-"""What packload's optional speed-ups are doing here: the fast JPEG decoder (the ``fast`` extra,
-simplejpeg) and the compiled resize kernel. ``doctor`` reports both, and recommends installing the
-extra only where it is missing."""
+"""What packload's speed-ups are doing here: the fast JPEG decoder (simplejpeg, a dependency that a
+platform without its wheel may lack) and the compiled resize kernel. ``doctor`` reports both, and
+recommends installing the decoder only where it is missing."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import importlib.util
 from packload.core import resize_kernel
 from packload.diagnose.checks import Check, check
 
-FAST_EXTRA = "pip install -e \".[fast]\" (from the packload checkout)"
+FAST_EXTRA = "pip install simplejpeg (a dependency of packload that is missing here)"
 
 
 def fast_decoder_installed() -> bool:
-    """Whether simplejpeg (the ``fast`` extra) can be imported."""
+    """Whether simplejpeg (the fast JPEG decoder) can be imported."""
     return importlib.util.find_spec("simplejpeg") is not None
 
 
