@@ -47,6 +47,7 @@ from packload.packer.destination import (
 )
 from packload.packer.destination_lock import DestinationLock
 from packload.packer.encode import Encoded, EncodeOptions, Skipped, encode_chunk
+from packload.packer.resume_options import options_changed, options_from_record
 from packload.packer.write_lmdb import LmdbWriter
 from packload.packer.write_shards import ShardsWriter
 
@@ -195,33 +196,6 @@ def _resume_point(scan: ScanResult, kept: list[RecordMeta], progress: dict[str, 
         skipped.append({"path": item.path, "reason": item.reason, "pos": pos})
     skipped.sort(key=lambda s: s["pos"])
     return last + 1, skipped
-
-
-# The flag of ``pack`` that sets each field of an options record.
-OPTION_FLAGS = {"backend": "--format", "encoding": "--encoding", "quality": "--quality", "max_side": "--max-side",
-                "size": "--size", "check": "--check", "max_pixels": "--max-pixels"}
-
-
-def options_changed(before: dict[str, Any], now: dict[str, Any]) -> str:
-    """``--encoding was keep, now jpeg`` for each option that differs between two records."""
-    def shown(value: Any) -> str:
-        if isinstance(value, (list, tuple)):
-            return "x".join(str(v) for v in value)
-        return "unset" if value is None else str(value)
-
-    changes = [f"{OPTION_FLAGS.get(key, key)} was {shown(before.get(key))}, now {shown(now.get(key))}"
-               for key in sorted(set(before) | set(now), key=lambda k: list(OPTION_FLAGS).index(k)
-                                 if k in OPTION_FLAGS else len(OPTION_FLAGS))
-               if before.get(key) != now.get(key)]
-    return "; ".join(changes) or "unknown"
-
-
-def options_from_record(record: dict[str, Any]) -> EncodeOptions:
-    """The ``EncodeOptions`` noted in a manifest's or progress record's ``options``."""
-    fields = {k: v for k, v in record.items() if k in EncodeOptions.__dataclass_fields__}
-    if fields.get("size") is not None:
-        fields["size"] = tuple(fields["size"])
-    return EncodeOptions(**fields)
 
 
 # A name of this module, called through it: tests wrap it to stop a pack just before publishing.

@@ -11,7 +11,7 @@ from PIL import Image
 
 from packload.cli import main, pack_main
 from packload.cli_parser import did_you_mean, in_flag_names
-from packload.packer.pipeline import options_changed
+from packload.packer.resume_options import options_changed
 
 
 @pytest.fixture(scope="module")
