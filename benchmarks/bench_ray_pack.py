@@ -61,6 +61,7 @@ def _run(engine: str, src: Path, dst: Path, cpus: int, options: EncodeOptions, t
         result = pack_ray(src, dst, options=options, progress=False, task_files=task_files)
     os.sync()
     seconds = time.perf_counter() - start
+    result.update(result.pop("ray") or {})  # the Ray engine's task figures, beside the common keys
     cpu_s = _cpu() - cpu + result.get("task_cpu_s", 0.0)
     files = len(scan_folder(src).samples)
     result.update(seconds=seconds, files_per_s=files / seconds, cpu_ms_per_file=cpu_s / files * 1e3)

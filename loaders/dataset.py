@@ -57,18 +57,23 @@ class PackedImageFolder(Dataset):
         fast_jpeg: use libjpeg-turbo (simplejpeg) for JPEGs when installed.
         parallel_reads: read ahead from many threads at once (True), never (False), or only where
             each read waits a round trip, on network and FUSE storage (None, decided once here).
+        source_root: the folder ``samples`` joins each record's original ``class/file`` path to
+            (default: ``root``); give the folder you packed to get ImageFolder's exact ``samples``.
+            ``relative_samples`` and ``path(i)`` give the original relative paths.
     """
 
     def __init__(self, root: str | os.PathLike[str], transform: Callable[[Any], Any] | None = None,
                  target_transform: Callable[[int], Any] | None = None, *, output: str = "pil",
                  decode_size: tuple[int, int] | None = None, exif_transpose: bool = False,
                  verify: bool = False, on_error: str = "raise", fast_jpeg: bool = True,
-                 parallel_reads: bool | None = None) -> None:
+                 parallel_reads: bool | None = None, source_root: str | os.PathLike[str] | None = None) -> None:
         if output not in OUTPUTS:
             raise ValueError(f"unknown output {output!r}; choose one of {', '.join(OUTPUTS)}")
         if on_error not in ON_ERROR:
             raise ValueError(f"unknown on_error {on_error!r}; choose raise or skip")
         self.root = Path(root)
+        # What ``samples`` joins each record's relative path to, as ImageFolder joins its root.
+        self.source_root = str(root if source_root is None else source_root)
         self.transform = transform
         self.target_transform = target_transform
         self.output = output
@@ -297,11 +302,17 @@ class PackedImageFolder(Dataset):
 
     @property
     def samples(self) -> list[tuple[str, int]]:
-        """(original relative path, class index) of every record, as ImageFolder's ``samples``."""
-        reader = self.reader()
-        return [(reader.path_of(i), target) for i, target in enumerate(self.targets)]
+        """(full path, class index) of every record, as ImageFolder's ``samples``: the record's
+        original path (``class/file``) joined to ``source_root`` (default: the pack's path, as given)."""
+        return [(os.path.join(self.source_root, path), target) for path, target in self.relative_samples]
 
     imgs = samples
+
+    @property
+    def relative_samples(self) -> list[tuple[str, int]]:
+        """(original path relative to the packed folder, class index) of every record."""
+        reader = self.reader()
+        return [(reader.path_of(i), target) for i, target in enumerate(self.targets)]
 
     def path(self, index: int) -> str:
         """The original relative path of record ``index``."""

@@ -3,7 +3,7 @@
 ``ImageFolder`` gives ``Image.open(path).convert("RGB")``; so does ``decode_pil`` for any payload.
 ``decode_array`` gives the same pixels as a height x width x 3 uint8 array and takes the fast
 routes where they give the same result: raw payloads need no decode at all, and JPEGs go through
-libjpeg-turbo via ``simplejpeg`` (the ``fast`` extra) when it is installed, which releases the
+libjpeg-turbo via ``simplejpeg`` (a dependency) when it is importable, which releases the
 GIL. With ``decode_size`` a JPEG is decoded at a reduced DCT scale that is still at least that
 size (``Image.draft``), much faster when the images are larger than the training resolution.
 
@@ -23,7 +23,7 @@ from PIL import Image
 from packload.core.errors import PackFormatError
 from packload.core.probe import NotDecodableError, open_image
 
-try:  # optional: pip install packload[fast]
+try:  # a dependency, absent only where the platform has no wheel for it
     import simplejpeg
 except ImportError:  # pragma: no cover - depends on the environment
     simplejpeg = None

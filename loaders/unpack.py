@@ -45,10 +45,11 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from PIL import Image
-from tqdm import tqdm
 
 from packload.core.display import terminal_safe
 from packload.core.errors import PackFormatError, UsageError, WriteError
+from packload.core.progress import progress_bar
+from packload.core.storage import unwritable_reason
 from packload.loaders.read import PackReader
 
 _SUFFIX = {"JPEG": ".jpg", "PNG": ".png", "raw": ".png"}
@@ -159,6 +160,7 @@ def _out_state(out: Path, overwrite: bool) -> str:
     except FileNotFoundError:
         if out.name in ("", ".", ".."):
             raise UsageError(f"{out}: no such folder; give the name of the folder to create") from None
+        _check_creatable(out)
         return "new"
     if stat.S_ISLNK(st.st_mode):
         raise UsageError(f"{out}: is a symbolic link; give the folder it points to ({os.path.realpath(out)}), "
@@ -170,6 +172,15 @@ def _out_state(out: Path, overwrite: bool) -> str:
     if not empty and not overwrite:
         raise UsageError(f"{out}: exists and is not empty; choose a new folder or add --overwrite")
     return "empty" if empty else "full"
+
+
+def _check_creatable(out: Path) -> None:
+    """``UsageError`` when the new folder ``out`` (its missing parents are made) lies where nothing
+    can be written: a virtual or read-only file system."""
+    parent = out.parent if str(out.parent) else Path(".")
+    why = unwritable_reason(parent)
+    if why:
+        raise UsageError(f"{out}: cannot be written there: {why}; choose a folder on a disk you can write to")
 
 
 def _check_apart(pack: Path, out: Path) -> None:
@@ -298,7 +309,7 @@ def _write_all(reader: PackReader, targets: list[Target], root_fd: int, shown: P
     written: set[tuple[int, int]] = set()
     size = 0
     try:
-        for i in tqdm(order, unit="img", desc=f"unpack {terminal_safe(reader.path.name)}", disable=not progress):
+        for i in progress_bar(order, unit="img", desc=f"unpack {terminal_safe(reader.path.name)}", disable=not progress):
             parts = targets[i].path.parts
             data = _image_bytes(reader, i)
             _write_file(tree.enter(parts[:-1]), parts[-1], data, shown.joinpath(*parts), written)

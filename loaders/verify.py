@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 from PIL import Image
-from tqdm import tqdm
 
 from packload.core.display import terminal_safe
 from packload.core.errors import PackFormatError
@@ -27,6 +26,7 @@ from packload.core.format import (
     pack_size,
 )
 from packload.core.manifest import ignored_count, skipped_count
+from packload.core.progress import progress_bar
 from packload.loaders.decode import decode_pil
 from packload.loaders.read import PackReader
 
@@ -164,7 +164,7 @@ def verify(path: str | os.PathLike[str], decode: bool = False, progress: bool = 
     with PackReader(path) as reader:
         damaged_files = file_problems(reader) + manifest_problems(reader)
         bad = []
-        for i in tqdm(range(reader.records), unit="rec", desc=f"verify {terminal_safe(reader.path.name)}",
+        for i in progress_bar(range(reader.records), unit="rec", desc=f"verify {terminal_safe(reader.path.name)}",
                       disable=not progress):
             problem = record_problem(reader, i, decode)
             if problem:

@@ -46,6 +46,7 @@ from packload.core.lmdb_meta import starts_as_lmdb
 from packload.core.lmdb_pages import file_keys
 from packload.core.manifest import MANIFEST_LIMIT
 from packload.core.safe_files import read_regular
+from packload.core.storage import unwritable_reason
 from packload.packer.write_shards import fsync_dir
 
 PARTIAL_SUFFIX = ".partial"
@@ -82,6 +83,9 @@ def system_reason(exc: BaseException) -> str:
 
 def creation_error(path: Path, exc: BaseException) -> WriteError:
     """The one-line error for a destination that could not be created."""
+    why = unwritable_reason(path.parent if str(path.parent) else ".")
+    if why:
+        return WriteError(f"{path}: cannot create it: {why}; choose a destination on a disk you can write to")
     return WriteError(f"{path}: cannot create it ({system_reason(exc)}); choose a destination in a folder you "
                       "can write to, on a disk with free space")
 
@@ -97,6 +101,9 @@ def check_name(dst: Path) -> None:
 def check_parent(dst: Path) -> None:
     """The folder ``dst`` goes into must exist and be writable."""
     parent = dst.parent if str(dst.parent) else Path(".")
+    why = unwritable_reason(parent)
+    if why:
+        raise UsageError(f"{dst}: cannot be written there: {why}; choose a destination on a disk you can write to")
     if not parent.is_dir():
         raise UsageError(f"{dst}: the folder {parent} does not exist; create it first")
     if not os.access(parent, os.W_OK | os.X_OK):

@@ -11,6 +11,7 @@ from types import TracebackType
 from typing import Any
 
 from packload.core.errors import UsageError, WriteError
+from packload.core.storage import unwritable_reason
 from packload.packer.destination import lock_path, system_reason
 
 _LOCK_FLAGS = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -57,6 +58,10 @@ class DestinationLock:
         if exc.errno == errno.ELOOP:
             return UsageError(f"{self.path}: is a symbolic link, where packload keeps the lock of {self.dst}; "
                               "remove it")
+        why = unwritable_reason(self.path.parent)
+        if why:
+            return WriteError(f"{self.dst}: cannot be written there: {why}; choose a destination on a disk "
+                              "you can write to")
         return WriteError(f"{self.dst}: cannot create its lock file {self.path.name} ({system_reason(exc)}); "
                           "choose a destination in a folder you can write to")
 

@@ -20,7 +20,7 @@ from stat import S_ISREG
 import numpy as np
 from PIL import Image
 
-try:  # libjpeg-turbo, releases the GIL: the fast path for re-encoding JPEGs (the ``fast`` extra)
+try:  # libjpeg-turbo, releases the GIL: the fast path for re-encoding JPEGs (a dependency)
     import simplejpeg
 except ImportError:  # pragma: no cover - PIL does everything without it
     simplejpeg = None
@@ -60,6 +60,9 @@ class EncodeOptions:
             raise ValueError(f"--quality {self.quality} is out of range; give 1..100")
         if self.max_side is not None and self.max_side < 1:
             raise ValueError(f"--max-side {self.max_side} must be a positive number of pixels")
+        if self.max_pixels is not None and self.max_pixels < 1:
+            raise ValueError(f"--max-pixels {self.max_pixels} must be a positive number of pixels "
+                             "(for example 500000000)")
         if self.max_side is not None and self.encoding == "keep":
             raise ValueError("--max-side re-encodes images; use it with --encoding jpeg, png or raw")
         if self.size is not None and self.encoding != "raw":

@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import lmdb
-from tqdm import tqdm
 
 from packload.core.cpus import usable_cores
 from packload.core.display import terminal_safe
 from packload.core.errors import PackFormatError, SkippedFileError, UsageError, WriteError
 from packload.core.format import RecordMeta, pack_size
 from packload.core.manifest import build_manifest, ignored_count, skipped_count
+from packload.core.progress import progress_bar
 from packload.core.scan import Sample, ScanResult, printable, scan_folder
 from packload.core.threads import single_core_torch_pool
 from packload.core.workers import process_pool
@@ -47,6 +47,7 @@ from packload.packer.destination import (
 )
 from packload.packer.destination_lock import DestinationLock
 from packload.packer.encode import Encoded, EncodeOptions, Skipped, encode_chunk
+from packload.packer.resume_options import options_changed, options_from_record
 from packload.packer.write_lmdb import LmdbWriter
 from packload.packer.write_shards import ShardsWriter
 
@@ -172,7 +173,8 @@ def _resume_point(scan: ScanResult, kept: list[RecordMeta], progress: dict[str, 
                   options: dict[str, Any]) -> tuple[int, list[dict[str, str]]]:
     """Where to go on after ``kept`` records; refuses when the source or options have changed."""
     if progress.get("options") != options:
-        raise UsageError(f"the unfinished pack was started with other options ({progress.get('options')}); "
+        raise UsageError(f"the unfinished pack was started with other options: "
+                         f"{options_changed(progress.get('options') or {}, options)}; "
                          "resume with the same options, or start over with --overwrite")
     changed = f"{scan.root}: the source folder changed since the pack was interrupted"
     position = {sample.path: i for i, sample in enumerate(scan.samples)}
@@ -194,14 +196,6 @@ def _resume_point(scan: ScanResult, kept: list[RecordMeta], progress: dict[str, 
         skipped.append({"path": item.path, "reason": item.reason, "pos": pos})
     skipped.sort(key=lambda s: s["pos"])
     return last + 1, skipped
-
-
-def options_from_record(record: dict[str, Any]) -> EncodeOptions:
-    """The ``EncodeOptions`` noted in a manifest's or progress record's ``options``."""
-    fields = {k: v for k, v in record.items() if k in EncodeOptions.__dataclass_fields__}
-    if fields.get("size") is not None:
-        fields["size"] = tuple(fields["size"])
-    return EncodeOptions(**fields)
 
 
 # A name of this module, called through it: tests wrap it to stop a pack just before publishing.
@@ -235,6 +229,7 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: s
     with DestinationLock(dst_path):
         check_destination(dst_path, overwrite)
         scan = scan_folder(src_path)
+        scan.check_splits(strict)
         if strict:
             scan.refuse_not_regular()
         tmp = partial_path(dst_path)
@@ -247,6 +242,8 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: s
         _publish(tmp, dst_path)
     seconds = time.perf_counter() - started
     source_bytes = manifest["source"]["bytes"]
+    run_files = len(scan.samples) - start  # a resumed pack's rates count this run's files only
+    run_bytes = source_bytes - (_kept_source_bytes(scan, start, skipped) if start else 0)
     return {
         "destination": str(dst_path),
         "backend": backend,
@@ -258,9 +255,13 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: s
         "source_bytes": source_bytes,
         "pack_bytes": pack_size(dst_path),
         "seconds": round(seconds, 3),
-        "files_per_s": round(len(scan.samples) / seconds, 1) if seconds > 0 else None,
-        "mb_per_s": round(source_bytes / seconds / 1e6, 1) if seconds > 0 else None,
+        "files_total": len(scan.samples),
+        "files_this_run": run_files,
+        "files_per_s": round(run_files / seconds, 1) if seconds > 0 else None,
+        "mb_per_s": round(run_bytes / seconds / 1e6, 1) if seconds > 0 else None,
         "resumed_at": start if start else None,
+        "engine": "local",
+        "ray": None,  # the Ray engine's task figures; the same keys whichever engine packed
     }
 
 
@@ -357,7 +358,7 @@ def _write_all(scan: ScanResult, writer: ShardsWriter | LmdbWriter, start: int, 
     written_bytes = 0  # source bytes of the files packed in this run
     kept_bytes = _kept_source_bytes(scan, start, skipped)
     last_checkpoint = time.monotonic()
-    bar = tqdm(total=total, initial=start, unit="img", disable=not progress, dynamic_ncols=True,
+    bar = progress_bar(total=total, initial=start, unit="img", disable=not progress, dynamic_ncols=True,
                desc=f"pack {terminal_safe(scan.root.name)}", smoothing=0.1)
     tick = time.perf_counter()
     pos = start

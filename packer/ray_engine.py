@@ -25,12 +25,12 @@ from typing import Any
 
 import lmdb
 import numpy as np
-from tqdm import tqdm
 
 from packload.core.display import terminal_safe
 from packload.core.errors import PackloadError, UsageError
 from packload.core.format import INDEX_NAME, MANIFEST_NAME, pack_size
 from packload.core.manifest import build_manifest, encode_manifest, ignored_count, skipped_count
+from packload.core.progress import progress_bar
 from packload.core.scan import Sample, ScanResult, printable, scan_folder
 from packload.packer.combine import ShardPayloads, ShardSource, copy_records, joined_index
 from packload.packer.destination import (
@@ -114,6 +114,7 @@ def pack_ray(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backen
     with DestinationLock(dst_path):
         check_destination(dst_path, overwrite)
         scan = scan_folder(src_path)
+        scan.check_splits(strict)
         if strict:
             scan.refuse_not_regular()
         tmp = partial_path(dst_path)
@@ -205,7 +206,6 @@ def _pack_on_ray(ray: Any, started: float, scan: ScanResult, dst_path: Path, tmp
         "destination": str(dst_path),
         "backend": backend,
         "encoding": options.encoding,
-        "engine": "ray",
         "records": records,
         "classes": len(scan.classes),
         "skipped": skipped_count(manifest),
@@ -213,18 +213,23 @@ def _pack_on_ray(ray: Any, started: float, scan: ScanResult, dst_path: Path, tmp
         "source_bytes": source_bytes,
         "pack_bytes": pack_size(dst_path),
         "seconds": round(seconds, 3),
+        "files_total": len(scan.samples),
+        "files_this_run": len(scan.samples),
         "files_per_s": round(len(scan.samples) / seconds, 1) if seconds > 0 else None,
         "mb_per_s": round(source_bytes / seconds / 1e6, 1) if seconds > 0 else None,
         "resumed_at": None,
-        "tasks": len(ranges),
-        "cluster_cpus": cpus,
-        "ray_start_s": round(ray_ready - started, 3),
-        "tasks_s": round(tasks_done - ray_ready, 3),
-        "join_s": round(time.perf_counter() - tasks_done, 3),
-        "task_s": {"min": round(min(task_seconds), 3), "max": round(max(task_seconds), 3),
-                   "sum": round(sum(task_seconds), 3)},
-        "task_cpu_s": round(sum(r["cpu_seconds"] for r in results)
-                            + sum(p["cpu_seconds"] for p in tasks.placed.values()), 3),
+        "engine": "ray",
+        "ray": {
+            "tasks": len(ranges),
+            "cluster_cpus": cpus,
+            "ray_start_s": round(ray_ready - started, 3),
+            "tasks_s": round(tasks_done - ray_ready, 3),
+            "join_s": round(time.perf_counter() - tasks_done, 3),
+            "task_s": {"min": round(min(task_seconds), 3), "max": round(max(task_seconds), 3),
+                       "sum": round(sum(task_seconds), 3)},
+            "task_cpu_s": round(sum(r["cpu_seconds"] for r in results)
+                                + sum(p["cpu_seconds"] for p in tasks.placed.values()), 3),
+        },
     }
 
 
@@ -254,7 +259,7 @@ class _Tasks:
             ref = packer_task.remote(k, root, self.scan.samples[a:b], a, self.scan.classes, options,
                                      str(self.staging / task_name(k)), shard_size, strict, hashed)
             self._pending[ref] = ("pack", k)
-        bar = tqdm(total=len(self.scan.samples), unit="img", disable=not progress, dynamic_ncols=True,
+        bar = progress_bar(total=len(self.scan.samples), unit="img", disable=not progress, dynamic_ncols=True,
                    desc=f"pack {terminal_safe(self.scan.root.name)} ({len(self.ranges)} Ray tasks)")
         try:
             while self._pending:

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
-from tqdm import tqdm
 
 from packload.core.cpus import usable_cores
 from packload.core.libc import libc_function
+from packload.core.progress import progress_bar
 from packload.core.workers import die_with_parent, worker_parent
 
 __all__ = ["make_cifar_like", "make_imagenet_like"]
@@ -321,7 +321,7 @@ def _generate(
     n_workers = workers if workers is not None else usable_cores()
     jobs = [_Job(kind, str(out), seed, count, classes, a, b) for a, b in _chunks(count, n_workers)]
     n_workers = min(n_workers, len(jobs))
-    with tqdm(total=count, desc=desc, unit="img", disable=not progress) as bar:
+    with progress_bar(total=count, desc=desc, unit="img", disable=not progress) as bar:
         if n_workers <= 1:
             for job in jobs:
                 bar.update(_write_chunk(job))

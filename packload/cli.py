@@ -16,14 +16,25 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from packload.cli_parser import (
+    Parser,
+    check_output_file,
+    in_flag_names,
+    print_error,
+    print_warning,
+    subcommand_parser,
+    subcommand_parsers,
+)
 from packload.core.display import json_text, safe_lines
 from packload.core.errors import PackloadError, UsageError
 from packload.core.version import __version__
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+JSON_SCHEMA_VERSION = 1  # of the shape every --json output shares (docs/CLI.md)
 _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -43,13 +54,21 @@ def parse_hw(text: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
-def _print_report(as_json: bool, result: Any, lines: Sequence[object]) -> None:
-    print(json_text(result) if as_json else safe_lines(lines))
+def json_document(command: str, result: dict[str, Any]) -> dict[str, Any]:
+    """The shape of every ``--json`` output (docs/CLI.md): ``schema_version`` and ``command`` first,
+    then the command's own keys. ``schema_version`` rises when a key changes meaning or goes away."""
+    return {"schema_version": JSON_SCHEMA_VERSION, "command": command,
+            **{k: v for k, v in result.items() if k != "schema_version"}}
+
+
+def _print_report(args: argparse.Namespace, result: Any, lines: Sequence[object]) -> None:
+    command = getattr(args, "command", None) or "pack"
+    print(json_text(json_document(command, result)) if args.json else safe_lines(lines))
 
 
 def _emit(args: argparse.Namespace, result: dict[str, Any], lines: list[str]) -> None:
     if args.json or not getattr(args, "quiet", False) or not result.get("ok", True):
-        _print_report(args.json, result, lines)
+        _print_report(args, result, lines)
 
 
 # -- pack ------------------------------------------------------------------------------------
@@ -102,6 +121,19 @@ def _pack_with_ray(args: argparse.Namespace, options: Any) -> dict[str, Any]:
                     address=args.ray_address, task_files=args.task_files)
 
 
+def pack_summary(result: dict[str, Any]) -> str:
+    """The one-line summary of ``pack``: a resumed pack's rate is this run's, its size the whole pack's."""
+    rate = (f"in {result['seconds']:.1f} s: {result['files_per_s']:.0f} files/s, {result['mb_per_s']:.0f} MB/s"
+            if result["seconds"] > 0 else "")
+    size = f"{result['pack_bytes'] / 1e6:.1f} MB from {result['source_bytes'] / 1e6:.1f} MB"
+    where = f"into {result['destination']} [{result['backend']}, {result['encoding']}]"
+    if result.get("resumed_at"):
+        return (f"resumed at file {result['resumed_at']}: packed {result['files_this_run']} more file(s) {rate}; "
+                f"the pack holds {result['records']} images ({result['classes']} classes) of "
+                f"{result['files_total']} files {where}, {size}")
+    return f"packed {result['records']} images ({result['classes']} classes) {where} {rate}; {size}"
+
+
 def run_pack(args: argparse.Namespace) -> int:
     from packload.packer.encode import EncodeOptions
     from packload.packer.pipeline import pack
@@ -119,10 +151,7 @@ def run_pack(args: argparse.Namespace) -> int:
         result = pack(args.src, args.dst, backend=args.format, options=options, workers=args.workers,
                       shard_size=args.shard_size, overwrite=args.overwrite, resume=args.resume,
                       strict=args.strict, progress=not (args.quiet or args.json))
-    lines = [f"packed {result['records']} images ({result['classes']} classes) into {result['destination']} "
-             f"[{result['backend']}, {result['encoding']}] in {result['seconds']:.1f} s: "
-             f"{result['files_per_s']:.0f} files/s, {result['mb_per_s']:.0f} MB/s; "
-             f"{result['pack_bytes'] / 1e6:.1f} MB from {result['source_bytes'] / 1e6:.1f} MB"]
+    lines = [pack_summary(result)]
     if result["skipped"] or result["ignored"]:
         lines.append(f"skipped {result['skipped']} broken file(s), left out {result['ignored']} other file(s); "
                      f"`packload info {result['destination']}` lists them")
@@ -149,11 +178,11 @@ def run_info(args: argparse.Namespace) -> int:
         f"  records   {result['records']}",
         f"  classes   {len(result['classes'])}" + ("" if result["labelled"] else " (unlabelled)"),
         f"  bytes     {result['pack_bytes']:,} on disk, {result['payload_bytes'] or 0:,} of images",
-        f"  skipped   {result['skipped_count']} broken file(s), {result['ignored_count']} left out",
     ]
     lines += [f"    {name}: {counts.get(name, 0)}" for name in result["classes"][:20]]
     if len(result["classes"]) > 20:
         lines.append(f"    ... and {len(result['classes']) - 20} more classes")
+    lines.append(f"  skipped   {result['skipped_count']} broken file(s), {result['ignored_count']} left out")
     for word, listed, count in (("skipped", result["skipped"], result["skipped_count"]),
                                 ("left out", result["ignored"], result["ignored_count"])):
         lines += [f"  {word} {item['path']}: {item['reason']}" for item in listed[:20]]
@@ -240,7 +269,7 @@ def run_merge(args: argparse.Namespace) -> int:
 # -- demo ------------------------------------------------------------------------------------
 def _add_demo(sub: Any) -> None:
     p = sub.add_parser("demo", help="generate a demo dataset, pack it, load it, and report the speed-up")
-    p.add_argument("--dir", default="packload-demo", help="working folder (default ./packload-demo)")
+    p.add_argument("--dir", default="demo-data", help="working folder, about 200 MB (default ./demo-data)")
     p.add_argument("--count", type=int, default=2000, help="images to generate (default 2000)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--json", action="store_true", help="print a machine-readable report")
@@ -294,6 +323,8 @@ def run_tune(args: argparse.Namespace) -> int:
     if args.plot:
         require_matplotlib()  # before the search, not after a minute of it
 
+    check_output_file("--save", args.save)
+    check_output_file("--plot", args.plot)
     result = tune_path(args.path, batch_size=args.batch_size, step_ms=args.step_ms, model=args.model,
                        budget_s=args.budget, max_workers=args.max_workers, progress=not (args.quiet or args.json),
                        sync=args.sync, transform=args.transform)
@@ -301,7 +332,7 @@ def run_tune(args: argparse.Namespace) -> int:
         result.save(args.save)
     if args.plot:
         result.plot(args.plot)
-    print(result.to_json() if args.json else safe_lines(format_report(result)))  # to_json: ASCII only
+    _print_report(args, result.as_dict(), [] if args.json else format_report(result))
     return EXIT_OK
 
 
@@ -330,7 +361,7 @@ def run_doctor(args: argparse.Namespace) -> int:
     report = doctor(args.path, batch_size=args.batch_size, step_ms=args.step_ms, model=args.model,
                     workers=args.workers, max_batches=args.max_batches, repeats=args.repeats, crop=args.crop,
                     measure=not args.no_measure, progress=not (args.quiet or args.json))
-    _print_report(args.json, report, [] if args.json else format_report(report))
+    _print_report(args, report, [] if args.json else format_report(report))
     return EXIT_OK  # a diagnosis: exit 0 whatever it finds
 
 
@@ -338,15 +369,8 @@ COMMANDS: tuple[Callable[[Any], None], ...] = (_add_pack, _add_merge, _add_info,
                                                _add_tune, _add_doctor, _add_demo)
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, whose messages (usage errors quote what was typed: a file name, say) are printed safely."""
-
-    def _print_message(self, message: str, file: Any = None) -> None:
-        super()._print_message(safe_lines(message.split("\n")) if message else message, file)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="packload", description="Pack image folders and load them fast in PyTorch.")
+def build_parser() -> Parser:
+    parser = Parser(prog="packload", description="Pack image folders and load them fast in PyTorch.")
     parser.add_argument("--version", action="version", version=f"packload {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for register in COMMANDS:
@@ -354,22 +378,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _run(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
-    args = parser.parse_args(argv)
+def _run(parser: Parser, argv: Sequence[str] | None) -> int:
+    parser.argv = list(sys.argv[1:] if argv is None else argv)
+    for sub in subcommand_parsers(parser):  # each subcommand's parser sees the words too, for its errors
+        sub.argv = parser.argv
+    args, extra = parser.parse_known_args(parser.argv)
+    used = subcommand_parser(parser, args)
+    if extra:
+        used.refuse_unknown(extra)
     try:
-        return args.run(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = print_warning
+            return args.run(args)
     except UsageError as exc:
-        print(safe_lines([f"{parser.prog}: error: {exc}"]), file=sys.stderr)
+        print_error(parser.prog, in_flag_names(str(exc), used))
         return EXIT_USAGE
     except PackloadError as exc:
-        print(safe_lines([f"{parser.prog}: error: {exc}"]), file=sys.stderr)
+        print_error(parser.prog, in_flag_names(str(exc), used))
         return EXIT_ERROR
     except OSError as exc:  # a file we could not read or write: name it, no traceback
-        print(safe_lines([f"{parser.prog}: error: {exc}"]), file=sys.stderr)
+        print_error(parser.prog, str(exc))
         return EXIT_ERROR
+    except ValueError as exc:  # a value the library refused, in its Python names
+        print_error(parser.prog, in_flag_names(str(exc), used))
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print(f"{parser.prog}: interrupted; an unfinished pack can be finished with --resume", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Exception as exc:  # a bug: still one line, with what to report
+        print_error(parser.prog, f"unexpected {type(exc).__name__}: {exc}; this is a bug in packload "
+                                 f"{__version__}, please report it with the command you ran")
+        return EXIT_ERROR
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -379,7 +418,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def pack_main(argv: Sequence[str] | None = None) -> int:
     """``pack SRC DEST ...``, the short form of ``packload pack``."""
-    parser = _Parser(prog="pack", description="Pack an image folder into an .lmdb file "
+    parser = Parser(prog="pack", description="Pack an image folder into an .lmdb file "
                      "or a shards folder (short for `packload pack`).")
     add_pack_arguments(parser)
     parser.set_defaults(run=run_pack)

@@ -27,12 +27,12 @@ from typing import Any
 
 import lmdb
 import numpy as np
-from tqdm import tqdm
 
 from packload.core.display import terminal_safe
 from packload.core.errors import PackFormatError, UsageError
 from packload.core.format import INDEX_NAME, MANIFEST_NAME, decode_index, pack_size
 from packload.core.manifest import build_manifest, encode_manifest, ignored_count, skipped_count
+from packload.core.progress import progress_bar
 from packload.packer.combine import ShardSource, copy_records, joined_index, label_map, place_shards
 from packload.packer.destination import (
     check_apart,
@@ -218,7 +218,7 @@ def _merge_into(readers: list[Any], tmp: Path, backend: str, out_path: Path,
     classes = sorted({name for r in readers for name in r.classes}) if labelled else []
     maps = [label_map(r.classes, classes) if labelled else None for r in readers]
     total = sum(r.records for r in readers)
-    bar = tqdm(total=total, unit="rec", disable=not progress, dynamic_ncols=True,
+    bar = progress_bar(total=total, unit="rec", disable=not progress, dynamic_ncols=True,
                desc=f"merge {terminal_safe(out_path.name)}")
     try:
         if backend == "shards":
@@ -256,7 +256,7 @@ def _create(path: Path, make: Callable[[], Any]) -> Any:
 
 
 def _merge_lmdb(readers: list[Any], maps: list[np.ndarray | None], tmp: Path, classes: list[str], labelled: bool,
-                total: int, bar: tqdm) -> dict[str, Any]:
+                total: int, bar: Any) -> dict[str, Any]:
     """Copy every input's records, checked, into the LMDB file ``tmp``; its manifest."""
     writer = _create(tmp, lambda: LmdbWriter(tmp, max(1 << 30, total * LMDB_MAP_PER_FILE)))
     try:
@@ -277,7 +277,7 @@ def _labels(reader: Any, mapping: np.ndarray | None) -> np.ndarray:
 
 
 def _merge_shards(readers: list[Any], maps: list[np.ndarray | None], tmp: Path,
-                  bar: tqdm) -> tuple[bytes, np.ndarray, list[dict[str, Any]], int]:
+                  bar: Any) -> tuple[bytes, np.ndarray, list[dict[str, Any]], int]:
     """Place every input's shards (LMDB inputs first rewritten as shards) into ``tmp``."""
     sources: list[ShardSource] = []
     bases: list[int] = []

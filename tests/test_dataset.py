@@ -163,7 +163,7 @@ def copy_pack(tmp_path: Path) -> Callable[[Path], Path]:
 
 
 def index_of(ds: PackedImageFolder, path: str) -> int:
-    return [p for p, _ in ds.samples].index(path)
+    return [p for p, _ in ds.relative_samples].index(path)
 
 
 # -- ImageFolder's surface -------------------------------------------------------------------------------
@@ -176,8 +176,9 @@ def test_metadata_matches_imagefolder(packs: Callable, expected: dict, backend: 
     assert ds.classes == expected["classes"] == ["cat", "dog", "eel", "odd"]
     assert ds.class_to_idx == {"cat": 0, "dog": 1, "eel": 2, "odd": 3}
     assert len(ds) == len(samples) == 4 * 3 + 1 + 18
-    assert ds.samples == samples
-    assert ds.imgs == samples
+    assert ds.relative_samples == samples
+    full = [(os.path.join(str(ds.root), path), label) for path, label in samples]
+    assert ds.samples == ds.imgs == full  # root/class/file, as ImageFolder(root) holds them
     assert ds.targets == [label for _, label in samples]
     assert all(type(t) is int for t in ds.targets)
     assert [ds.path(i) for i in range(len(ds))] == [p for p, _ in samples]
@@ -685,3 +686,27 @@ def test_verify_reports_exactly_the_flipped_record(flipped: tuple[Path, int, str
     assert "checksum mismatch" in report["bad_records"][0]["problem"]
     if pack.suffix == ".shards":  # the shard's whole-file sha256 no longer matches either
         assert [f["file"] for f in report["bad_files"]] == [report["bad_records"][0]["part"]]
+
+
+def test_samples_are_full_paths_as_imagefolder_holds_them(tmp_path: Path) -> None:
+    """``samples``/``imgs`` join root/class/file as ImageFolder does; ``source_root`` gives the packed
+    folder's own paths, ``relative_samples`` and ``path(i)`` the relative ones."""
+    from PIL import Image
+
+    from packload.packer.pipeline import pack
+
+    images = tmp_path / "images"
+    for cls in ("cat", "dog"):
+        (images / cls).mkdir(parents=True)
+        for i in range(2):
+            Image.new("RGB", (8, 8), (i * 50, 10, 10)).save(images / cls / f"{i}.png")
+    pack(images, tmp_path / "p.lmdb", progress=False)
+    _, relative = imagefolder_samples(images)
+    ds = PackedImageFolder(str(tmp_path / "p.lmdb"))
+    assert ds.relative_samples == relative and ds.path(0) == "cat/0.png"
+    assert ds.samples == ds.imgs == [(os.path.join(str(tmp_path / "p.lmdb"), p), label) for p, label in relative]
+    as_folder = PackedImageFolder(tmp_path / "p.lmdb", source_root=str(images))
+    imagefolder_style = [(os.path.join(str(images), cls, name), label)
+                         for label, cls in enumerate(("cat", "dog")) for name in ("0.png", "1.png")]
+    assert as_folder.samples == imagefolder_style
+    assert all(os.path.exists(path) for path, _ in as_folder.samples)

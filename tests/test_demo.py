@@ -29,3 +29,32 @@ def test_demo_generates_packs_loads_tunes_and_reports(tmp_path, capsys):
 def test_demo_refuses_a_tiny_count(tmp_path):
     with pytest.raises(ValueError, match="at least 100"):
         run_demo(tmp_path, count=5, progress=False)
+
+
+def test_demo_report_keeps_tune_pick_and_notes_and_ends_with_next_steps(tmp_path, monkeypatch) -> None:
+    """Tune's pick: line stays when a note: appears; the report ends with the commands to run on
+    your own folder and the two lines of Python to change; it says where the files are."""
+    import packload.demo as demo
+
+    real = demo.format_tune_report
+    monkeypatch.setattr(demo, "format_tune_report", lambda result: [*real(result), "  note: a note from tune"])
+    result = run_demo(tmp_path / "d", count=100, progress=False, tune_budget_s=2.0)
+    report = [line.strip() for line in result["report"]]
+    assert any(line.startswith("pick:") for line in report)
+    assert "note: a note from tune" in report
+    assert any(line.startswith("pack ./images ./data.lmdb") for line in report)
+    assert any(line.startswith("packload tune ./data.lmdb") for line in report)
+    assert "from packload import PackedImageFolder" in report
+    assert any(line.startswith('ds = PackedImageFolder("./data.lmdb"') for line in report)
+    assert str((tmp_path / "d").resolve()) in report[-1]
+
+
+def test_demo_default_folder_is_ignored_by_git() -> None:
+    """The command's default folder is the one the checkout's .gitignore names."""
+    from pathlib import Path
+
+    from packload.cli import build_parser
+
+    default = build_parser().parse_args(["demo"]).dir
+    ignored = (Path(__file__).resolve().parents[1] / ".gitignore").read_text().split()
+    assert f"/{default}/" in ignored

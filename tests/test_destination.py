@@ -241,7 +241,7 @@ def test_a_destination_that_cannot_be_created(images: Path, tmp_path: Path, name
     args = ["pack", str(images), str(dst)] if command == "pack" else ["merge", str(dst), str(tmp_path / "in.shards")]
     if command == "merge":
         assert cli(["pack", str(images), str(tmp_path / "in.shards"), "--quiet"])[0] == 0
-    line = refused([*args, "--quiet"], str(dst), "No such file or directory", "choose a destination", code=1)
+    line = refused([*args, "--quiet"], str(dst), "virtual file system (proc)", "choose a destination", code=2)
     assert "Traceback" not in line
 
 
@@ -269,8 +269,9 @@ def test_a_partial_that_cannot_be_created(images: Path, monkeypatch: pytest.Monk
     import packload.packer.pipeline as pipeline
 
     monkeypatch.setattr(pipeline, "DestinationLock", lambda dst: contextlib.nullcontext())
+    monkeypatch.setattr(pipeline, "check_parent", lambda dst: None)
     line = refused(["pack", str(images), f"/proc/{name}", "--quiet"], f"/proc/{name}.partial",
-                   "No such file or directory", "choose a destination", code=1)
+                   "virtual file system (proc)", "choose a destination", code=1)
     assert "Traceback" not in line
 
 

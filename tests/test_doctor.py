@@ -150,3 +150,51 @@ def test_bad_options():
     assert doctor_module.DEFAULT_MAX_BATCHES >= 1
 
 
+
+
+def test_a_folder_with_broken_files_is_measured_without_them(tmp_path, capsys):
+    """One broken file among the images: skipped and named as pack would, no DataLoader traceback."""
+    from packload.cli import main
+
+    images = make_jpegs(tmp_path / "images", per_class=4)  # few enough that every file is measured
+    (images / next(p.name for p in images.iterdir() if p.is_dir()) / "zz-broken.jpg").write_bytes(b"\xff\xd8broken")
+    assert main(["doctor", str(images), "--batch-size", "4", "--max-batches", "2", "--repeats", "1",
+                 "--workers", "0", "--crop", "16", "--step-ms", "1", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    report = json.loads(captured.out)
+    assert schema_errors({k: v for k, v in report.items() if k != "command"}) == []
+    broken = by_name(report["checks"])["broken_files"]
+    assert broken["status"] == "warn" and "zz-broken.jpg" in broken["message"]
+    assert report["stall"] is not None
+
+
+def test_fast_decoder_recommended_only_when_missing(monkeypatch):
+    from packload.diagnose import machine, software
+
+    monkeypatch.setattr(software, "fast_decoder_installed", lambda: True)
+    assert software.fast_hint() == ""
+    assert by_name(software.software_checks())["fast_decoder"]["status"] == "ok"
+    assert not any("fast" in (c["fix"] or "") for c in machine.cpu_checks(2, 1, 2, None))
+    monkeypatch.setattr(software, "fast_decoder_installed", lambda: False)
+    assert "pip install simplejpeg" in software.fast_hint()
+    assert "pip install simplejpeg" in by_name(software.software_checks())["fast_decoder"]["fix"]
+    assert any("pip install simplejpeg" in (c["fix"] or "") for c in machine.cpu_checks(2, 1, 2, None))
+
+
+def test_resize_kernel_reported(monkeypatch):
+    from packload.core import resize_kernel
+    from packload.diagnose import software
+
+    monkeypatch.setattr(resize_kernel, "available", lambda: False)
+    monkeypatch.setattr(resize_kernel, "unavailable_reason", "the compiled kernel was not built (no C compiler)")
+    check_ = by_name(software.software_checks())["resize_kernel"]
+    assert check_["status"] == "warn" and "not built" in check_["message"] and "compiler" in check_["fix"]
+    monkeypatch.setattr(resize_kernel, "available", lambda: True)
+    assert by_name(software.software_checks())["resize_kernel"]["status"] == "ok"
+
+
+def test_no_measure_with_a_dataset_does_not_ask_for_one(datasets):
+    report = doctor(str(datasets / "images"), measure=False, progress=False)
+    assert "give a dataset" not in report["verdict"] and "--no-measure" in report["verdict"]
+    assert "give a dataset" in doctor(None, progress=False)["verdict"]

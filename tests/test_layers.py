@@ -24,6 +24,7 @@ FLOORS = {
     "packload.diagnose": 3,
     "packload.demo": 4,
     "packload.cli": 5,
+    "packload.cli_parser": 5,
     "packload.__main__": 6,
     "packload": 6,  # the public names, gathered from every floor
 }

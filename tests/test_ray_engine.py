@@ -80,9 +80,10 @@ def test_ray_pack_reads_like_a_local_pack(ray_instance: Path, source: Path, tmp_
     local, remote = tmp_path / "local" / dest, tmp_path / "ray" / dest
     local.parent.mkdir()
     remote.parent.mkdir()
-    pack(source, local, workers=1, progress=False, shard_size=1 << 16)
+    local_result = pack(source, local, workers=1, progress=False, shard_size=1 << 16)
     result = pack_ray(source, remote, task_files=5, progress=False, shard_size=1 << 16)
-    assert result["tasks"] == 10 and result["engine"] == "ray"  # 47 image files in ranges of 5
+    assert result["ray"]["tasks"] == 10 and result["engine"] == "ray"  # 47 image files in ranges of 5
+    assert set(result) == set(local_result) and local_result["engine"] == "local"  # one shape, both engines
     expected = records_of(local)
     assert len(expected) == 42 and result["records"] == 42  # 5 broken files skipped
     assert records_of(remote) == expected
@@ -126,7 +127,7 @@ def test_cli_engine_ray_reencodes_like_local(ray_instance: Path, source: Path, t
     args = [str(source), "--encoding", "raw", "--size", "16x16", "--json"]
     assert main(["pack", args[0], str(tmp_path / "ray.shards"), *args[1:], "--engine", "ray", "--task-files", "8"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["tasks"] == 6 and summary["records"] == 42
+    assert summary["ray"]["tasks"] == 6 and summary["records"] == 42
     pack(source, tmp_path / "local.shards", options=EncodeOptions(encoding="raw", size=(16, 16)), progress=False)
     assert records_of(tmp_path / "ray.shards") == records_of(tmp_path / "local.shards")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from packload import IncompletePackError, PackedImageFolder, PackReader, pack
-from packload.cli import main
+from packload.cli import main, pack_summary
 from packload.packer.pipeline import partial_path
 from tests.image_factory import make_image_folder, write_broken_files
 
@@ -111,6 +111,15 @@ def test_resume_really_continues(source, tmp_path):
     kill_part_way(source, dst, 60)
     summary = pack(source, dst, workers=1, progress=False, resume=True, shard_size=1 << 16)
     assert summary["resumed_at"] and summary["resumed_at"] >= 7
+    # this run's files and rate, the whole pack's count apart
+    assert summary["files_this_run"] == summary["files_total"] - summary["resumed_at"]
+    assert summary["files_total"] == summary["records"] + summary["skipped"]
+    # the rate counts this run's files, not the whole pack's (rounded figures: compared loosely)
+    this_run, whole = (summary[k] / summary["seconds"] for k in ("files_this_run", "files_total"))
+    assert abs(summary["files_per_s"] - this_run) < abs(summary["files_per_s"] - whole)
+    line = pack_summary(summary)
+    assert f"resumed at file {summary['resumed_at']}" in line
+    assert f"packed {summary['files_this_run']} more file(s)" in line and f"holds {summary['records']} images" in line
 
 
 def test_resume_refuses_other_options(source, tmp_path):

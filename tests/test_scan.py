@@ -79,3 +79,29 @@ def test_names() -> None:
     assert is_image_name("x.JPG") and is_image_name("a.tiff") and not is_image_name("a.gif")
     assert is_utf8("ünï.png") and not is_utf8("\udcff.png")
     assert printable("a/\udcff\udcfe.png") == "a/\\xff\\xfe.png" and printable("ünï") == "ünï"
+
+
+@pytest.mark.parametrize("splits", [("train", "val"), ("test", "train", "validation"), ("Train", "Valid")])
+def test_split_folders_warn_and_stop_under_strict(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                  splits: tuple[str, ...]) -> None:
+    """The parent of train/ and val/ would pack as classes named after the splits: a warning, an
+    error under --strict, one line each."""
+    from packload.cli import main
+
+    for split in splits:
+        write_image(tmp_path / "src" / split / "dog" / "a.png")
+    assert scan_folder(tmp_path / "src").split_folders
+    assert main(["pack", str(tmp_path / "src"), str(tmp_path / "p.lmdb"), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    warning = [line for line in err.splitlines() if "warning" in line]
+    assert len(warning) == 1 and "dataset splits" in warning[0] and f"/{splits[0]}" in warning[0], err
+    assert main(["pack", str(tmp_path / "src"), str(tmp_path / "q.lmdb"), "--strict", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "dataset splits" in err and "without --strict" in err
+    assert not (tmp_path / "q.lmdb").exists()
+
+
+def test_real_classes_are_no_splits(tmp_path: Path) -> None:
+    for name in ("train", "cat"):
+        write_image(tmp_path / name / "a.png")
+    assert not scan_folder(tmp_path).split_folders

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import stat
+import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache, partial
 from itertools import repeat
@@ -39,6 +40,8 @@ class Sample(NamedTuple):
 
 
 _new_sample = partial(tuple.__new__, Sample)  # Sample from a (path, label) pair, without Python calls
+SPLIT_NAMES = frozenset({"train", "training", "val", "valid", "validation", "test", "testing", "eval",
+                         "evaluation", "dev", "holdout"})  # folder names of dataset splits
 NOT_REGULAR = "not a regular file"  # in the reason of every entry left out for being no regular file
 
 
@@ -59,6 +62,24 @@ class ScanResult:
     def not_regular(self) -> list[dict[str, str]]:
         """The left-out entries that are FIFOs, sockets or devices (``pack --strict`` may refuse them)."""
         return [item for item in self.ignored if NOT_REGULAR in item["reason"]]
+
+    @property
+    def split_folders(self) -> bool:
+        """Whether every class folder is named as a dataset split (``train``, ``val``, ``test``...):
+        the source is then most likely the folder above the ImageFolder trees, not one of them."""
+        return bool(self.classes) and all(name.lower() in SPLIT_NAMES for name in self.classes)
+
+    def check_splits(self, strict: bool) -> None:
+        """Warn (an error under ``strict``) when the classes are dataset splits (``split_folders``)."""
+        if not self.split_folders:
+            return
+        first = self.classes[0]
+        message = (f"{self.root}: its only class folders are {', '.join(self.classes)}, which look like dataset "
+                   f"splits, not classes; pack each split on its own (for example "
+                   f"`pack {self.root / first} {first}.lmdb`)")
+        if strict:
+            raise UsageError(message + ", or pack without --strict to pack them as classes")
+        warnings.warn(message, UserWarning, stacklevel=3)
 
     def refuse_not_regular(self) -> None:
         """Under ``--strict``: an entry with an image's name that is not a regular file is an error."""

@@ -127,3 +127,25 @@ def storage_facts(path: str, mounts_file: str = "/proc/mounts", sys_root: str = 
             "source": mount.source if mount else None, "network": bool(fstype and is_network_fs(fstype)),
             "fuse": bool(fstype and is_fuse(fstype)), "disk": disk,
             "rotational": rotational(disk, sys_root) if disk else None}
+
+
+VIRTUAL_FS = frozenset({"proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2", "debugfs", "tracefs",
+                        "securityfs", "pstore", "bpf", "configfs", "efivarfs", "mqueue", "hugetlbfs", "fusectl",
+                        "binfmt_misc", "autofs", "nsfs", "selinuxfs"})
+
+
+def unwritable_reason(path: str | os.PathLike[str], mounts_file: str = "/proc/mounts") -> str | None:
+    """Why nothing can be written under ``path`` (its nearest existing folder): on a virtual file
+    system (``/proc``, ``/sys``) or mounted read-only; None when neither is known."""
+    place = Path(os.path.abspath(path))
+    while not place.exists() and place != place.parent:
+        place = place.parent
+    mount = find_mount(os.path.realpath(place), read_mounts(mounts_file))
+    if mount is None:
+        return None
+    if mount.fstype in VIRTUAL_FS:
+        return (f"{mount.point} is a virtual file system ({mount.fstype}) made by the kernel, which holds no "
+                "files of yours")
+    if "ro" in mount.options.split(","):
+        return f"{mount.point} is mounted read-only"
+    return None

@@ -23,6 +23,7 @@ from packload.core.version import __version__
 from packload.diagnose.checks import Check, check, human_bytes
 from packload.diagnose.gpu_step import DummyStep
 from packload.diagnose.machine import SystemPaths, collect_machine, small_files_check
+from packload.diagnose.software import fast_hint
 from packload.diagnose.stall import (
     StallReport,
     folder_plan,
@@ -174,8 +175,8 @@ _FIXES = {
     "storage_pack": "copy the pack to a local SSD (or keep it in the page cache: enough RAM for it), or add "
                     "workers (waiting on I/O needs threads, not cores)",
     "cpu_preparation": "more CPU cores per GPU or workers up to the usable CPUs; decode at reduced size "
-                       "(PackedImageFolder decode_size=); pip install 'packload[fast]'; pack once at training "
-                       "resolution (pack --encoding raw --size HxW or --max-side); move augmentation to the GPU",
+                       "(PackedImageFolder decode_size=); pack once at training resolution (pack --encoding "
+                       "raw --size HxW or --max-side); move augmentation to the GPU",
     "gpu": "the input pipeline keeps up: speed up the step itself (mixed precision, channels_last, "
            "torch.compile, a larger batch)",
 }
@@ -183,11 +184,22 @@ _NAMES = {"storage": "storage (fetching files)", "cpu_preparation": "CPU prepara
           "gpu": "the GPU itself"}
 
 
+def broken_files_check(skipped: list[dict[str, str]], shown: int = 5) -> Check:
+    """The files of a folder that were left out of the measurement as ``pack`` would skip them."""
+    names = "; ".join(f"{item['path']} ({item['reason']})" for item in skipped[:shown])
+    more = f"; and {len(skipped) - shown} more" if len(skipped) > shown else ""
+    return check("broken_files", "warn", f"{len(skipped)} broken file(s) among those measured, left out as pack "
+                 f"would skip them: {names}{more}",
+                 "fix or remove them; `pack` skips them too and lists them (`packload info`)")
+
+
 def stall_checks(stall: StallReport, kind: str = "folder") -> list[Check]:
     """The stall analysis as check lines: the bottleneck with its fix (for a ``folder`` or a ``pack``),
     and a failed eviction."""
     shares, name = stall["shares"], stall["bottleneck"]
     fix = _FIXES["storage_pack" if name == "storage" and kind == "pack" else name]
+    if name == "cpu_preparation":
+        fix += fast_hint()
     waits = shares["prep_stall"] + shares["fetch_stall"]
     checks = [check("bottleneck", "ok" if name == "gpu" else "warn",
                     f"bottleneck: {_NAMES[name]}; the GPU would wait {waits:.0%} of the time "
@@ -205,10 +217,13 @@ def stall_checks(stall: StallReport, kind: str = "folder") -> list[Check]:
     return checks
 
 
-def verdict(stall: StallReport | None, checks: list[Check]) -> str:
-    """The one-line answer."""
+def verdict(stall: StallReport | None, checks: list[Check], dataset_given: bool = False) -> str:
+    """The one-line answer (``dataset_given``: a dataset was checked but not measured, --no-measure)."""
     warnings = sum(c["status"] == "warn" for c in checks)
     tail = f" {warnings} warning(s) above." if warnings else ""
+    if stall is None and dataset_given:
+        return ("Machine and dataset checks only (--no-measure): run without --no-measure to measure where "
+                "the input stalls." + tail)
     if stall is None:
         return "Machine checks only: give a dataset (image folder or pack) to measure where the input stalls." + tail
     shares, name = stall["shares"], stall["bottleneck"]
@@ -258,6 +273,8 @@ def doctor(path: str | None = None, *, batch_size: int = 64, step_ms: float = 10
         workers = workers if workers is not None else int(machine["cpu"]["workers_range"][1])
         count = samples_to_read(batch_size, max_batches, facts["samples"])
         plan = pack_plan(path, count, crop) if facts["kind"] == "pack" else folder_plan(path, count, crop)
+        if plan.skipped:
+            checks = _ordered(machine_checks, [*dataset_checks, broken_files_check(plan.skipped)])
         step = _step(step_ms, model, machine["torch"]["kernels"] != "none")
         step.image_shape = (3, crop, crop)  # what a model step is timed on
         say(f"measuring {count} samples, batch {batch_size}, {workers} workers")
@@ -265,7 +282,7 @@ def doctor(path: str | None = None, *, batch_size: int = 64, step_ms: float = 10
                               repeats=repeats, warm_budget=_warm_budget(machine["memory"]), log=say)
         checks += stall_checks(stall, facts["kind"])
     return {"schema_version": SCHEMA_VERSION, "packload_version": __version__, "path": path, "dataset": facts,
-            "machine": machine, "checks": checks, "stall": stall, "verdict": verdict(stall, checks),
+            "machine": machine, "checks": checks, "stall": stall, "verdict": verdict(stall, checks, path is not None),
             "seconds": time.perf_counter() - started}
 
 
@@ -291,7 +308,7 @@ def _check_options(path: str | None, batch_size: int, step_ms: float, workers: i
         raise UsageError(f"--step-ms {step_ms}: give the GPU time of one step in milliseconds (> 0)")
 
 
-_DATASET_FIRST = ("dataset", "small_files", "page_cache", "filesystem", "disk")
+_DATASET_FIRST = ("dataset", "broken_files", "small_files", "page_cache", "filesystem", "disk")
 _SETTINGS = ("cudnn_benchmark", "tf32", "mixed_precision")
 SECTIONS = {**{name: "Dataset and storage" for name in _DATASET_FIRST}, **{name: "Training settings (recommended, "
             "not changed)" for name in _SETTINGS}, "bottleneck": "Stall analysis", "eviction": "Stall analysis"}

@@ -20,6 +20,7 @@ from packload.core.memory import cgroup_memory_limit, read_meminfo
 from packload.core.storage import MEMORY_FS, StorageFacts, storage_facts
 from packload.diagnose.checks import GIB, Check, check, human_bytes
 from packload.diagnose.gpu_checks import gpu_checks, settings_checks, settings_facts, torch_facts
+from packload.diagnose.software import fast_hint, software_checks
 
 
 @dataclass(frozen=True)
@@ -76,8 +77,8 @@ def cpu_checks(logical: int, physical: int | None, affinity: int, quota: float |
     if usable < 4:
         checks.append(check("cpu_few", "warn", f"{usable:g} usable CPUs: decoding and augmenting images on so few "
                             "cores rarely keeps a GPU busy",
-                            "rent more CPU cores per GPU, decode at reduced size (decode_size), install "
-                            "packload[fast], or pack once at training resolution (--encoding raw --size)"))
+                            "rent more CPU cores per GPU, decode at reduced size (decode_size), "
+                            "or pack once at training resolution (--encoding raw --size)" + fast_hint()))
     return checks
 
 def read_loadavg(path: str | os.PathLike[str] = "/proc/loadavg") -> list[float] | None:
@@ -209,7 +210,7 @@ def collect_machine(dataset_path: str | None = None, dataset_bytes: int | None =
     }
     checks = gpu_checks(tf) + cpu_checks(logical, physical, affinity, quota)
     checks += [c for c in [load_check(load, usable)] if c is not None]
-    checks += memory_checks(meminfo, mem_limit, dataset_bytes) + [shm_check(shm)]
+    checks += memory_checks(meminfo, mem_limit, dataset_bytes) + [shm_check(shm)] + software_checks()
     checks += storage_checks(storage) if storage else []
     checks += settings_checks(settings, (capability[0], capability[1]) if capability else None)
     return facts, checks

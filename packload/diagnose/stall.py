@@ -15,19 +15,22 @@ import gc
 import os
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypedDict
 
 from torch.utils.data import DataLoader, Dataset
 
+from packload.core.errors import UsageError
 from packload.core.format import MANIFEST_NAME
+from packload.core.scan import Sample
 from packload.diagnose.measure import LoaderTiming, time_loader
 from packload.diagnose.page_cache import Eviction, evict, warm
 from packload.loaders.collate import collate_uint8
 from packload.loaders.dataset import PackedImageFolder
 from packload.loaders.folder import FolderImages
 from packload.loaders.transforms import ResizeCenterCrop
+from packload.packer.encode import EncodeOptions, Skipped, encode_chunk
 
 Bottleneck = Literal["storage", "cpu_preparation", "gpu"]
 BOTTLENECKS: tuple[str, ...] = ("storage", "cpu_preparation", "gpu")
@@ -52,6 +55,7 @@ class StallPlan:
     indices: list[int]
     files: list[str]
     collate_fn: Callable[[Any], Any] = collate_uint8
+    skipped: list[dict[str, str]] = field(default_factory=list)  # broken files left out, with reasons
 
 
 class LoaderRate(TypedDict):
@@ -102,7 +106,22 @@ def folder_plan(root: str | os.PathLike[str], count: int, crop: int = 224, seed:
     resized and centre-cropped."""
     dataset = FolderImages(root, transform=ResizeCenterCrop(crop))
     indices = random.Random(seed).sample(range(len(dataset)), min(count, len(dataset)))
-    return StallPlan(dataset, indices, [dataset.samples[i][0] for i in indices])
+    kept, skipped = _without_broken(dataset, indices)
+    if not kept:
+        first = skipped[0]
+        raise UsageError(f"{root}: every image measured is broken (first: {first['path']}: {first['reason']}); "
+                         "fix the files, or give another folder")
+    return StallPlan(dataset, kept, [dataset.samples[i][0] for i in kept], skipped=skipped)
+
+
+def _without_broken(dataset: FolderImages, indices: list[int]) -> tuple[list[int], list[dict[str, str]]]:
+    """``indices`` less the files that fail pack's check (and would end the DataLoader with a traceback)."""
+    root = str(dataset.root)
+    samples = [Sample(os.path.relpath(dataset.samples[i][0], root), 0) for i in indices]
+    results = encode_chunk(root, samples, EncodeOptions(check="full"))
+    kept = [i for i, item in zip(indices, results, strict=True) if not isinstance(item, Skipped)]
+    skipped = [{"path": item.path, "reason": item.reason} for item in results if isinstance(item, Skipped)]
+    return kept, skipped
 
 
 def pack_files(path: str | os.PathLike[str]) -> list[str]:

@@ -25,10 +25,10 @@ from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
-from tqdm import tqdm
 
 from packload.core.cpus import usable_cores
 from packload.core.errors import PackloadError
+from packload.core.progress import progress_bar
 from packload.diagnose.gpu_step import DummyStep, iter_tensors
 from packload.diagnose.loader_config import CONFIG_KEY, CONFIG_VERSION
 from packload.diagnose.loader_memory import MemoryGuard, batch_nbytes
@@ -187,7 +187,7 @@ def tune(dataset: Dataset, batch_size: int, step_ms: float | None = None, model:
     images = next((t for t in iter_tensors(example) if t.dim() == 4), None)
     step_rate = step.step_rate(batch_size, tuple(images.shape[1:]) if images is not None else None)
 
-    bar = tqdm(total=round(budget_s), desc="tune", unit="s", disable=not progress, leave=False,
+    bar = progress_bar(total=round(budget_s), desc="tune", unit="s", disable=not progress, leave=False,
                bar_format="{desc}: {bar} {n:.0f}/{total} s{postfix}")
 
     def tick(status: str) -> None:
