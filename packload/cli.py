@@ -343,7 +343,8 @@ def _add_doctor(sub: Any) -> None:
                                    "image folder or a pack, measure where the input pipeline stalls.")
     p.add_argument("path", nargs="?", help="an image folder or a pack (.lmdb file or shards folder) to analyse")
     p.add_argument("--batch-size", type=int, default=64, help="samples per batch (default 64)")
-    p.add_argument("--step-ms", type=float, default=100.0, help="GPU time of one training step in ms (default 100)")
+    p.add_argument("--step-ms", type=float, help="GPU time of one training step in ms (default: 100, said in the "
+                   "verdict)")
     p.add_argument("--model", choices=("small-cnn",), help="run a real small CNN step instead of --step-ms (CUDA)")
     p.add_argument("--workers", type=int, help="DataLoader workers (default: the usable CPUs)")
     p.add_argument("--max-batches", type=int, default=20, help="timed batches per loader pass (default 20)")

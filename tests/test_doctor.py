@@ -58,7 +58,16 @@ def test_doctor_end_to_end(datasets, name):
     lines = format_report(report)
     assert lines[0].startswith("packload doctor") and lines[-2].startswith("Verdict:")
     assert any("training step alone" in line for line in lines)
+    assert "Assumed a 5 ms GPU step per batch of 16 (as given)" in report["verdict"]
     assert report["seconds"] < 60
+
+
+def test_the_verdict_says_when_the_step_is_the_default(datasets):
+    """No --step-ms: the verdict says the 100 ms step was assumed, and how to measure the real one."""
+    report = doctor(str(datasets / "images"), batch_size=16, workers=1, max_batches=2, repeats=1, crop=64,
+                    progress=False)
+    assert "Assumed a 100 ms GPU step per batch of 16 (the default" in report["verdict"]
+    assert "packload.watch" in report["verdict"] and "--step-ms" in report["verdict"]
 
 
 def test_many_tiny_pngs_are_flagged_pack_it(tmp_path):

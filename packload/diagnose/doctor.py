@@ -35,6 +35,7 @@ from packload.diagnose.stall import (
 from packload.loaders.verify import info
 
 SCHEMA_VERSION = 1
+DEFAULT_STEP_MS = 100.0  # the step doctor measures against when none is given
 DEFAULT_MAX_BATCHES = 20
 
 _NUM, _STR, _BOOL, _INT = {"type": "number"}, {"type": "string"}, {"type": "boolean"}, {"type": "integer"}
@@ -217,10 +218,11 @@ def stall_checks(stall: StallReport, kind: str = "folder") -> list[Check]:
     return checks
 
 
-def verdict(stall: StallReport | None, checks: list[Check], dataset_given: bool = False) -> str:
-    """The one-line answer (``dataset_given``: a dataset was checked but not measured, --no-measure)."""
+def verdict(stall: StallReport | None, checks: list[Check], dataset_given: bool = False, assumed: str = "") -> str:
+    """The one-line answer (``dataset_given``: a dataset was checked but not measured, --no-measure),
+    with what the measurement ``assumed`` of the training step."""
     warnings = sum(c["status"] == "warn" for c in checks)
-    tail = f" {warnings} warning(s) above." if warnings else ""
+    tail = (f" {assumed}." if assumed and stall is not None else "") + (f" {warnings} warning(s) above." if warnings else "")
     if stall is None and dataset_given:
         return ("Machine and dataset checks only (--no-measure): run without --no-measure to measure where "
                 "the input stalls." + tail)
@@ -245,7 +247,7 @@ def _warm_budget(memory: dict[str, Any]) -> int | None:
     return min(known) // 2 if known else None
 
 
-def doctor(path: str | None = None, *, batch_size: int = 64, step_ms: float = 100.0, model: str | None = None,
+def doctor(path: str | None = None, *, batch_size: int = 64, step_ms: float | None = None, model: str | None = None,
            workers: int | None = None, max_batches: int = DEFAULT_MAX_BATCHES, repeats: int = 2,
            crop: int = 224, measure: bool = True, many_files: int = 10_000, small_file_bytes: int = 200_000,
            paths: SystemPaths | None = None, progress: bool = True) -> dict[str, Any]:
@@ -259,6 +261,8 @@ def doctor(path: str | None = None, *, batch_size: int = 64, step_ms: float = 10
     files". Raises UsageError for a bad path or option; otherwise returns the report (see
     ``REPORT_SCHEMA``), whatever it finds.
     """
+    step_given = step_ms is not None
+    step_ms = DEFAULT_STEP_MS if step_ms is None else step_ms
     _check_options(path, batch_size, step_ms, workers, max_batches, repeats, crop)
     started, say = time.perf_counter(), _log(progress)
     facts: DatasetFacts | None = None
@@ -282,8 +286,19 @@ def doctor(path: str | None = None, *, batch_size: int = 64, step_ms: float = 10
                               repeats=repeats, warm_budget=_warm_budget(machine["memory"]), log=say)
         checks += stall_checks(stall, facts["kind"])
     return {"schema_version": SCHEMA_VERSION, "packload_version": __version__, "path": path, "dataset": facts,
-            "machine": machine, "checks": checks, "stall": stall, "verdict": verdict(stall, checks, path is not None),
+            "machine": machine, "checks": checks, "stall": stall,
+            "verdict": verdict(stall, checks, path is not None, _assumed(step_ms, step_given, model, batch_size)),
             "seconds": time.perf_counter() - started}
+
+
+def _assumed(step_ms: float, given: bool, model: str | None, batch_size: int) -> str:
+    """What the stall analysis took the training step to be, said in the verdict."""
+    if model is not None:
+        return f"Measured against {model} on the GPU, batches of {batch_size}"
+    how = "as given" if given else ("the default: measure yours with packload.watch(loader) and give it as "
+                                    "--step-ms")
+    return (f"Assumed a {step_ms:g} ms GPU step per batch of {batch_size} ({how}), queued as an asynchronous "
+            "training loop queues it")
 
 
 def _step(step_ms: float, model: str | None, gpu_usable: bool) -> DummyStep:
