@@ -90,6 +90,8 @@ def tune_path(path: str | os.PathLike[str], batch_size: int = 256, step_ms: floa
     """``packload tune PATH``: tune reading a pack or an image folder into uint8 batches, through the
     built-in centre crop or the user's ``transform`` (``package.module:callable``). For a pack read
     through the built-in crop, ``PackLoader``'s threads are tuned too (``result.fast_path``)."""
+    if not budget_s > 0:  # checked here, before a share of it goes to the fast path
+        raise UsageError(f"budget_s {budget_s} must be a positive number of seconds")
     chosen = load_transform(transform) if transform else ResizeCenterCrop(image_size)
     try:
         dataset = open_dataset(path, image_size, chosen)
