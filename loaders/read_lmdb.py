@@ -132,7 +132,7 @@ class LmdbPack:
         """The value at ``offset`` of the file (located and bounds-checked by the layout), fetched
         ahead in large requests when it spans pages."""
         if size > PAGE:
-            if self._fetcher.threads:  # faulting it in there waits ~2 requests at a time
+            if self._fetcher.threads:  # faulting it in there keeps only a request or two in flight
                 self._fetcher.fetch([(self._fd, offset, size)])
             else:
                 os.posix_fadvise(self._fd, offset, size, os.POSIX_FADV_WILLNEED)

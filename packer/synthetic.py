@@ -350,8 +350,8 @@ def make_imagenet_like(
     """Write ``count`` ImageNet-like JPEGs to ``out/<class>/<class>_<index>.jpg``; return them sorted.
 
     Images have sides of 200-500 px with varied aspect ratios, JPEG quality 75-95 and
-    photo-like texture (mean file size ~30-40 KB), so packing and decoding benchmarks
-    behave as on real data. Classes are named ``n00``, ``n01``, ... (sorted order is the
+    photo-like texture (file sizes as photos have, not those of noise or flat colour), so packing
+    and decoding benchmarks behave as on real data. Classes are named ``n00``, ``n01``, ... (sorted order is the
     class index) and receive images round-robin, so their sizes differ by at most one.
     Output bytes depend only on ``seed`` and ``count``/``classes``, not on ``workers``
     (``None`` = all available cores; ``1`` = no subprocesses).

@@ -439,7 +439,6 @@ class _WaitingRunner(_RatesRunner):
 def _search(runner, cores=2, climb_to=64):
     search = tune_search.Search(runner, cores, 0.04, 600, time.perf_counter(), False, False, climb_to=climb_to,
                                 cores=cores)
-    search.limit = "the cap of 64 workers"
     return search
 
 

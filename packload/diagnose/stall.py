@@ -30,7 +30,8 @@ from packload.loaders.collate import collate_uint8
 from packload.loaders.dataset import PackedImageFolder
 from packload.loaders.folder import FolderImages
 from packload.loaders.transforms import ResizeCenterCrop
-from packload.packer.encode import EncodeOptions, Skipped, encode_chunk
+from packload.packer.encode import EncodeOptions, Skipped
+from packload.packer.pipeline import encoded_stream
 
 Bottleneck = Literal["storage", "cpu_preparation", "gpu"]
 BOTTLENECKS: tuple[str, ...] = ("storage", "cpu_preparation", "gpu")
@@ -106,7 +107,7 @@ def folder_plan(root: str | os.PathLike[str], count: int, crop: int = 224, seed:
     resized and centre-cropped."""
     dataset = FolderImages(root, transform=ResizeCenterCrop(crop))
     indices = random.Random(seed).sample(range(len(dataset)), min(count, len(dataset)))
-    kept, skipped = _without_broken(dataset, indices)
+    kept, skipped = intact_files(dataset, indices)
     if not kept:
         first = skipped[0]
         raise UsageError(f"{root}: every image measured is broken (first: {first['path']}: {first['reason']}); "
@@ -114,13 +115,19 @@ def folder_plan(root: str | os.PathLike[str], count: int, crop: int = 224, seed:
     return StallPlan(dataset, kept, [dataset.samples[i][0] for i in kept], skipped=skipped)
 
 
-def _without_broken(dataset: FolderImages, indices: list[int]) -> tuple[list[int], list[dict[str, str]]]:
-    """``indices`` less the files that fail pack's check (and would end the DataLoader with a traceback)."""
-    root = str(dataset.root)
+def intact_files(dataset: FolderImages, indices: list[int], check: str = "full",
+                 workers: int = 1) -> tuple[list[int], list[dict[str, str]]]:
+    """``indices`` less the files that fail pack's ``check`` (they would end a DataLoader with a
+    traceback), and those files with pack's reasons; on ``workers`` threads or processes as pack uses."""
+    root = Path(dataset.root)
     samples = [Sample(os.path.relpath(dataset.samples[i][0], root), 0) for i in indices]
-    results = encode_chunk(root, samples, EncodeOptions(check="full"))
-    kept = [i for i, item in zip(indices, results, strict=True) if not isinstance(item, Skipped)]
-    skipped = [{"path": item.path, "reason": item.reason} for item in results if isinstance(item, Skipped)]
+    kept: list[int] = []
+    skipped: list[dict[str, str]] = []
+    for i, item in zip(indices, encoded_stream(root, samples, 0, EncodeOptions(check=check), workers), strict=True):
+        if isinstance(item, Skipped):
+            skipped.append({"path": item.path, "reason": item.reason})
+        else:
+            kept.append(i)
     return kept, skipped
 
 

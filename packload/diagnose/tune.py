@@ -34,6 +34,8 @@ from packload.diagnose.loader_config import CONFIG_KEY, CONFIG_VERSION
 from packload.diagnose.loader_memory import MemoryGuard, batch_nbytes
 from packload.diagnose.measure import machine_info
 from packload.diagnose.tune_search import (
+    CAP_REACHED,
+    DESCRIPTORS_REACHED,
     WAITING_CAP,
     Cycle,
     Search,
@@ -197,7 +199,6 @@ def tune(dataset: Dataset, batch_size: int, step_ms: float | None = None, model:
     runner = TrialRunner(dataset, batch_size, sampler, collate_fn, step, step_rate, guard, tick)
     search = Search(runner, bound, tolerance, budget_s, start, pin_default=step.on_gpu, try_pin=step.on_gpu,
                     trial_s=trial_s, climb_to=climb_to, cores=cores)
-    search.limit = "file descriptors" if descriptors < WAITING_CAP else f"the cap of {WAITING_CAP} workers"
     try:
         reason = search.run()
     finally:
@@ -264,7 +265,7 @@ def _verdict(pick: Trial, step_rate: float, reason: str, limit: str, dataset: Da
     elif reason == "worker bound":
         text += (f"throughput still rose at the most workers allowed ({limit}) with only {busy}: samples wait on "
                  "storage, so a larger max_workers would help; ")
-    elif reason in ("file descriptors", f"the cap of {WAITING_CAP} workers"):
+    elif reason in (CAP_REACHED, DESCRIPTORS_REACHED):
         text += (f"the workers wait on storage ({busy}) and throughput still rose at {pick.num_workers} workers, "
                  f"where {reason} ended the search; ")
     elif reason == "plateau":

@@ -14,16 +14,14 @@ from torch.utils.data import Dataset
 from packload.core.cpus import usable_cores
 from packload.core.errors import UsageError
 from packload.core.format import MANIFEST_NAME, shard_number
-from packload.core.scan import Sample
 from packload.diagnose.gpu_step import DummyStep
+from packload.diagnose.stall import intact_files
 from packload.diagnose.tune import TuneResult, tune
 from packload.diagnose.tune_fast import tune_fast_path
 from packload.loaders.collate import collate_uint8
 from packload.loaders.dataset import PackedImageFolder
 from packload.loaders.folder import FolderImages
 from packload.loaders.transforms import ResizeCenterCrop
-from packload.packer.encode import EncodeOptions, Skipped
-from packload.packer.pipeline import encoded_stream
 
 
 def load_transform(spec: str) -> Callable[[Any], Any]:
@@ -63,19 +61,12 @@ def open_dataset(path: str | os.PathLike[str], image_size: int = 224,
 def without_broken(dataset: FolderImages) -> FolderImages:
     """``dataset`` less the files ``pack`` would skip as broken (its own check, on every file), which
     would otherwise end the search with a DataLoader traceback; they are listed in ``dataset.broken``."""
-    root = Path(dataset.root)
-    samples = [Sample(os.path.relpath(path, root), label) for path, label in dataset.samples]
-    broken: list[dict[str, str]] = []
-    bad: set[int] = set()
-    for position, item in enumerate(encoded_stream(root, samples, 0, EncodeOptions(), usable_cores())):
-        if isinstance(item, Skipped):
-            bad.add(position)
-            broken.append({"path": item.path, "reason": item.reason})
-    if len(bad) == len(samples):
-        raise UsageError(f"{root}: every image is broken (first: {broken[0]['path']}: {broken[0]['reason']}); fix "
-                         "the files, or give another folder")
-    dataset.samples = [s for k, s in enumerate(dataset.samples) if k not in bad]
-    dataset.targets = [t for k, t in enumerate(dataset.targets) if k not in bad]
+    kept, broken = intact_files(dataset, list(range(len(dataset))), check="fast", workers=usable_cores())
+    if not kept:
+        raise UsageError(f"{dataset.root}: every image is broken (first: {broken[0]['path']}: "
+                         f"{broken[0]['reason']}); fix the files, or give another folder")
+    dataset.samples = [dataset.samples[k] for k in kept]
+    dataset.targets = [dataset.targets[k] for k in kept]
     dataset.broken = broken  # type: ignore[attr-defined]
     return dataset
 

@@ -43,6 +43,9 @@ PREFETCH_DEEPER = (4, 8)
 WAITING_CAP = 64  # workers at most where they wait rather than compute (stated in the report)
 WAITING_SHARE = 0.75  # with less than this share of the usable cores busy, the workers are waiting
 FDS_PER_WORKER = 16  # descriptors a DataLoader worker may hold (its pipes, queues, the pack's files)
+# What ended a climb past the cores that was still gaining: the cap, or the open-file limit below it.
+CAP_REACHED = f"the cap of {WAITING_CAP} workers"
+DESCRIPTORS_REACHED = "file descriptors"
 Key = tuple[int, int | None, bool]
 
 
@@ -251,7 +254,7 @@ class Search:
         self.bound = max_workers
         self.cores = float(cores if cores is not None else max(1, max_workers))
         self.climb_to = max(max_workers, climb_to if climb_to is not None else max_workers)
-        self.limit = "max_workers"  # what ``climb_to`` stands for, for the report: set by the caller
+        self.limit = CAP_REACHED if self.climb_to >= WAITING_CAP else DESCRIPTORS_REACHED
         max_workers = self.climb_to
         self.runner, self.max_workers, self.tolerance = runner, max_workers, tolerance
         self.deadline = start + budget_s
