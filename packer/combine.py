@@ -138,7 +138,8 @@ def place_shards(source: ShardSource, out: Path, part_base: int, record_base: in
                  move: bool = False) -> list[dict[str, Any]]:
     """Put ``source``'s shards into ``out`` as parts ``part_base``, ``part_base + 1``, … holding
     records from ``record_base`` on. ``move`` renames the files (they are ours to change, just
-    written: they are not checked again); otherwise a shard that needs no change is hard-linked
+    written: they are not checked again; a shard already moved by an interrupted placement is
+    renumbered again, which gives the same bytes); otherwise a shard that needs no change is hard-linked
     (copied across file systems) and any other is copied and patched, so the source pack is never
     modified, and each one's SHA-256 (of the link, or of the bytes as they are copied) must be the
     one in the source's manifest: ``PackFormatError`` names a damaged shard. Returns the new
@@ -152,7 +153,8 @@ def place_shards(source: ShardSource, out: Path, part_base: int, record_base: in
         unchanged = part_base + k == k and record_base == 0 and source.label_map is None
         if move:
             unchanged = unchanged and bool(part.get("sha256"))  # written unhashed: hash it when patching
-            os.replace(src, dst)
+            if os.path.exists(src) or not os.path.exists(dst):  # a placement resumed finds some moved already
+                os.replace(src, dst)
         else:
             digest = _link_or_copy(src, dst) if unchanged else _copy_hashed(src, dst)
             if digest != part.get("sha256"):

@@ -40,7 +40,10 @@ from packload.core.format import (
     MANIFEST_NAME,
     PROGRESS_KEY,
     PROGRESS_NAME,
+    RAY_RUN_NAME,
     SHARD_NAME_PATTERN,
+    TASK_DONE_NAME,
+    TASK_PLACED_NAME,
 )
 from packload.core.lmdb_meta import starts_as_lmdb
 from packload.core.lmdb_pages import file_keys
@@ -52,7 +55,8 @@ from packload.packer.write_shards import fsync_dir
 PARTIAL_SUFFIX = ".partial"
 LOCK_SUFFIX = ".lock"
 LMDB_LOCK_SUFFIX = "-lock"  # the lock file LMDB keeps beside a file it writes
-_PACK_FILE = re.compile(f"({'|'.join(map(re.escape, (MANIFEST_NAME, INDEX_NAME, PROGRESS_NAME)))}|{SHARD_NAME_PATTERN})"
+_OUR_FILES = (MANIFEST_NAME, INDEX_NAME, PROGRESS_NAME, RAY_RUN_NAME, TASK_DONE_NAME, TASK_PLACED_NAME)
+_PACK_FILE = re.compile(f"({'|'.join(map(re.escape, _OUR_FILES))}|{SHARD_NAME_PATTERN})"
                         r"(\.tmp)?")
 _TASK_DIR = re.compile(r"task-\d{5,}|\.input-\d+")  # Ray's task folders, merge's staging folders
 _OUR_KEYS = (LMDB_MANIFEST_KEY, LMDB_INDEX_KEY, PROGRESS_KEY)

@@ -8,8 +8,10 @@ driver writes one index and one manifest over all of them, then publishes ``DEST
 rename, as ``pack`` does. For an ``.lmdb`` destination the driver copies the tasks' records into
 the LMDB file instead. The result holds the same records, in the same order, with the same labels
 and skipped list, as a single-machine pack of the same folder; only shard boundaries differ (each
-range starts a new shard). A task that fails is retried by Ray; one that keeps failing fails the
-pack, and the unfinished pack is removed: nothing that looks complete is published.
+range starts a new shard). A task that fails, or whose worker or node is lost, is retried by Ray;
+one that keeps failing fails the pack, and the unfinished pack is removed: nothing that looks
+complete is published. A driver that was killed (or interrupted) leaves the unfinished pack: with
+``resume=True`` the tasks that had finished are kept and only the others run (``packer.ray_resume``).
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ import lmdb
 import numpy as np
 
 from packload.core.display import terminal_safe
-from packload.core.errors import PackloadError, UsageError
-from packload.core.format import INDEX_NAME, MANIFEST_NAME, pack_size
+from packload.core.errors import PackloadError, SkippedFileError, UsageError
+from packload.core.format import INDEX_NAME, MANIFEST_NAME, RAY_RUN_NAME, pack_size
 from packload.core.manifest import build_manifest, encode_manifest, ignored_count, skipped_count
 from packload.core.progress import progress_bar
 from packload.core.scan import Sample, ScanResult, printable, scan_folder
@@ -52,6 +54,7 @@ from packload.packer.pipeline import (
     LMDB_MAP_PER_FILE,
     backend_for,
 )
+from packload.packer.ray_resume import kept_tasks, previous_run, run_record, write_run_record
 from packload.packer.ray_tasks import pack_range, place_task, task_name, task_source
 from packload.packer.write_lmdb import LmdbWriter
 from packload.packer.write_shards import fsync_dir, write_file_atomic
@@ -89,15 +92,17 @@ def _failure(exc: BaseException, dst: Path, ranges: list[tuple[int, int]], task:
 
 def pack_ray(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: str | None = None,
              options: EncodeOptions | None = None, shard_size: int = DEFAULT_SHARD_SIZE,
-             overwrite: bool = False, strict: bool = False, progress: bool = True, address: str | None = None,
-             task_files: int | None = None, max_retries: int = 3) -> dict[str, Any]:
+             overwrite: bool = False, resume: bool = False, strict: bool = False, progress: bool = True,
+             address: str | None = None, task_files: int | None = None, max_retries: int = 3) -> dict[str, Any]:
     """Pack the ImageFolder tree ``src`` into ``dst`` with Ray tasks; the same pack as ``pack``.
 
     Uses the Ray instance this process is connected to, else connects to ``address`` (``"auto"``:
     the running cluster), else starts a local one. ``task_files`` sets how many files each task
     packs (default: about two ranges per CPU of the cluster, at least 5000 files each). The
     driver holds the destination's lock, and ``overwrite`` replaces only a pack, as for ``pack``.
-    Returns ``pack``'s summary plus the tasks' timings.
+    ``resume`` finishes a pack whose driver was killed: the tasks that had finished are not run
+    again (the same options and source are needed). Returns ``pack``'s summary plus the tasks'
+    timings and the number of tasks each Ray node ran.
     """
     ray = _import_ray()
     started = time.perf_counter()
@@ -120,18 +125,16 @@ def pack_ray(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backen
         tmp = partial_path(dst_path)
         staging = tmp if backend == "shards" else staging_path(dst_path)
         for leftover in dict.fromkeys((tmp, staging)):
-            if check_partial(leftover):
-                if not overwrite:
-                    raise UsageError(f"{leftover}: an unfinished pack is there; add --overwrite to start over "
-                                     "(--engine ray cannot resume)")
-                remove_ours(leftover)
+            check_partial(leftover)
         options_record = {"backend": backend, **asdict(options)}
         if options.size is not None:
             options_record["size"] = list(options.size)
+        record = run_record(options_record, shard_size, scan.samples)
+        before = previous_run(staging, tmp, record, task_files, resume, overwrite, scan.root)
         started_ray = _start_ray(ray, address)
         try:
-            return _pack_on_ray(ray, started, scan, dst_path, tmp, staging, backend, options, options_record,
-                                shard_size, strict, progress, task_files, max_retries)
+            return _pack_on_ray(ray, started, scan, dst_path, tmp, staging, backend, options, record, before,
+                                strict, progress, task_files, max_retries)
         finally:
             if started_ray:
                 ray.shutdown()
@@ -156,19 +159,32 @@ def _start_ray(ray: Any, address: str | None) -> bool:
 
 
 def _pack_on_ray(ray: Any, started: float, scan: ScanResult, dst_path: Path, tmp: Path, staging: Path,
-                 backend: str, options: EncodeOptions, options_record: dict[str, Any], shard_size: int,
+                 backend: str, options: EncodeOptions, record: dict[str, Any], before: dict[str, Any] | None,
                  strict: bool, progress: bool, task_files: int | None, max_retries: int) -> dict[str, Any]:
-    """Run the tasks, join their output into ``tmp`` and publish it as ``dst_path``; the summary."""
+    """Run the tasks (those not finished ``before``), join their output into ``tmp`` and publish it
+    as ``dst_path``; the summary."""
     ray_ready = time.perf_counter()
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    per_task = task_files or max(MIN_TASK_FILES, math.ceil(len(scan.samples) / (TASKS_PER_CPU * cpus)))
-    ranges = split_ranges(len(scan.samples), per_task)
+    shard_size, options_record = record["shard_size"], record["options"]
+    place_into = tmp if backend == "shards" else None
+    if before is None:
+        per_task = task_files or max(MIN_TASK_FILES, math.ceil(len(scan.samples) / (TASKS_PER_CPU * cpus)))
+        ranges = split_ranges(len(scan.samples), per_task)
+        try:
+            staging.mkdir()
+            write_run_record(staging, {**record, "task_files": per_task, "ranges": ranges})
+        except OSError as exc:
+            raise creation_error(staging, exc) from None
+        kept: dict[int, dict[str, Any]] = {}
+        kept_placed: dict[int, dict[str, Any]] = {}
+    else:
+        ranges = [tuple(span) for span in before["ranges"]]
+        if backend == "lmdb" and exists(tmp):
+            remove_ours(tmp)  # a join the driver did not finish: done again
+        kept, kept_placed = kept_tasks(staging, ranges, place_into)
+        _refuse_kept_skips(scan, kept, strict)
     try:
-        staging.mkdir()
-    except OSError as exc:
-        raise creation_error(staging, exc) from None
-    try:
-        tasks = _Tasks(ray, scan, ranges, staging, max_retries, dst_path, tmp if backend == "shards" else None)
+        tasks = _Tasks(ray, scan, ranges, staging, max_retries, dst_path, place_into, kept, kept_placed)
         tasks.run(options, shard_size, strict, progress)
         results = [tasks.results[k] for k in range(len(ranges))]
         tasks_done = time.perf_counter()
@@ -193,6 +209,8 @@ def _pack_on_ray(ray: Any, started: float, scan: ScanResult, dst_path: Path, tmp
         else:
             _join_lmdb(sources, tmp, len(scan.samples), manifest)
             shutil.rmtree(staging)
+    except (KeyboardInterrupt, SystemExit):
+        raise  # interrupted, not failed: the finished tasks stay for --resume
     except BaseException:
         for leftover in (tmp, staging):
             if exists(leftover):
@@ -201,7 +219,12 @@ def _pack_on_ray(ray: Any, started: float, scan: ScanResult, dst_path: Path, tmp
     publish(tmp, dst_path)
     seconds = time.perf_counter() - started
     source_bytes = manifest["source"]["bytes"]
-    task_seconds = [r["seconds"] for r in results]
+    ran = [r for k, r in tasks.results.items() if k not in kept]  # the tasks of this run
+    task_seconds = [r["seconds"] for r in ran] or [0.0]
+    run_files = sum(b - a for k, (a, b) in enumerate(ranges) if k not in kept)
+    nodes: dict[str, int] = {}
+    for r in ran:
+        nodes[r["node"] or "unknown"] = nodes.get(r["node"] or "unknown", 0) + 1
     return {
         "destination": str(dst_path),
         "backend": backend,
@@ -214,54 +237,81 @@ def _pack_on_ray(ray: Any, started: float, scan: ScanResult, dst_path: Path, tmp
         "pack_bytes": pack_size(dst_path),
         "seconds": round(seconds, 3),
         "files_total": len(scan.samples),
-        "files_this_run": len(scan.samples),
-        "files_per_s": round(len(scan.samples) / seconds, 1) if seconds > 0 else None,
-        "mb_per_s": round(source_bytes / seconds / 1e6, 1) if seconds > 0 else None,
-        "resumed_at": None,
+        "files_this_run": run_files,
+        "files_per_s": round(run_files / seconds, 1) if seconds > 0 else None,
+        "mb_per_s": round(sum(r["source_bytes"] for r in ran) / seconds / 1e6, 1) if seconds > 0 else None,
+        "resumed_at": _resumed_at(ranges, kept),
         "engine": "ray",
         "ray": {
             "tasks": len(ranges),
+            "tasks_kept": len(kept),
+            "tasks_per_node": dict(sorted(nodes.items())),
             "cluster_cpus": cpus,
             "ray_start_s": round(ray_ready - started, 3),
             "tasks_s": round(tasks_done - ray_ready, 3),
             "join_s": round(time.perf_counter() - tasks_done, 3),
             "task_s": {"min": round(min(task_seconds), 3), "max": round(max(task_seconds), 3),
                        "sum": round(sum(task_seconds), 3)},
-            "task_cpu_s": round(sum(r["cpu_seconds"] for r in results)
-                                + sum(p["cpu_seconds"] for p in tasks.placed.values()), 3),
+            "task_cpu_s": round(sum(r["cpu_seconds"] for r in ran)
+                                + sum(p["cpu_seconds"] for k, p in tasks.placed.items() if k not in kept_placed), 3),
         },
     }
 
 
+def _resumed_at(ranges: list[tuple[int, int]], kept: dict[int, dict[str, Any]]) -> int | None:
+    """The first file of the first range this resumed run packed (the file count when it packed none);
+    None for a run that kept nothing."""
+    if not kept:
+        return None
+    return next((a for k, (a, _) in enumerate(ranges) if k not in kept), ranges[-1][1])
+
+
+def _refuse_kept_skips(scan: ScanResult, kept: dict[int, dict[str, Any]], strict: bool) -> None:
+    """Under ``strict``, a kept task that skipped a file fails the resumed pack as packing it would."""
+    skipped = [s for k in sorted(kept) for s in kept[k]["skipped"]]
+    if strict and skipped:
+        raise SkippedFileError(f"{scan.root / skipped[0]['path']}: {skipped[0]['reason']}; fix or remove the "
+                               "file, or pack without --strict to skip it and list it in the manifest")
+
+
 class _Tasks:
-    """Runs one ``pack_range`` task per range and, for a shards pack, one ``place_task`` per range
-    as soon as every range before it has finished (its first part and record numbers are known
-    then), so most renumbering overlaps the packing. A failure that outlived Ray's retries cancels
-    the rest and raises one clear error."""
+    """Runs one ``pack_range`` task per range not ``kept`` from an interrupted run (spread over the
+    nodes) and, for a shards pack, one ``place_task`` per range not placed yet, as soon as every
+    range before it has finished (its first part and record numbers are known then), so most
+    renumbering overlaps the packing. A failure that outlived Ray's retries cancels the rest and
+    raises one clear error."""
 
     def __init__(self, ray: Any, scan: Any, ranges: list[tuple[int, int]], staging: Path, max_retries: int,
-                 dst: Path, place_into: Path | None) -> None:
+                 dst: Path, place_into: Path | None, kept: dict[int, dict[str, Any]],
+                 kept_placed: dict[int, dict[str, Any]]) -> None:
         self.ray, self.scan, self.ranges, self.staging = ray, scan, ranges, staging.resolve()
         self.max_retries, self.dst = max_retries, dst
         self.place_into = place_into.resolve() if place_into is not None else None
-        self.results: dict[int, dict[str, Any]] = {}
-        self.placed: dict[int, dict[str, Any]] = {}
+        self.results: dict[int, dict[str, Any]] = dict(kept)
+        self.placed: dict[int, dict[str, Any]] = dict(kept_placed)
         self._pending: dict[Any, tuple[str, int]] = {}
         self._next_place = self._part_base = self._record_base = 0
 
     def run(self, options: EncodeOptions, shard_size: int, strict: bool, progress: bool) -> None:
         ray = self.ray
-        packer_task = ray.remote(num_cpus=1, max_retries=self.max_retries, retry_exceptions=[OSError])(pack_range)
+        # SPREAD: the ranges go to every node, so that each node's disks and network share the work.
+        packer_task = ray.remote(num_cpus=1, max_retries=self.max_retries, retry_exceptions=[OSError],
+                                 scheduling_strategy="SPREAD")(pack_range)
         root = str(self.scan.root.resolve())  # tasks run in other folders, on other nodes
         for k, (a, b) in enumerate(self.ranges):
+            if k in self.results:
+                continue
             # Only the first range keeps its numbers (and so its hashes) in a shards pack.
             hashed = k == 0 and self.place_into is not None
             ref = packer_task.remote(k, root, self.scan.samples[a:b], a, self.scan.classes, options,
                                      str(self.staging / task_name(k)), shard_size, strict, hashed)
             self._pending[ref] = ("pack", k)
-        bar = progress_bar(total=len(self.scan.samples), unit="img", disable=not progress, dynamic_ncols=True,
-                   desc=f"pack {terminal_safe(self.scan.root.name)} ({len(self.ranges)} Ray tasks)")
+        kept_files = sum(self.ranges[k][1] - self.ranges[k][0] for k in self.results)
+        bar = progress_bar(total=len(self.scan.samples), initial=kept_files, unit="img", disable=not progress,
+                           dynamic_ncols=True,
+                           desc=f"pack {terminal_safe(self.scan.root.name)} ({len(self.ranges)} Ray tasks)")
         try:
+            self._place_ready()
             while self._pending:
                 [ref], _ = ray.wait(list(self._pending), num_returns=1)
                 kind, k = self._pending.pop(ref)
@@ -285,9 +335,10 @@ class _Tasks:
         placer = self.ray.remote(num_cpus=1, max_retries=self.max_retries, retry_exceptions=[OSError])(place_task)
         while self._next_place in self.results:
             k, result = self._next_place, self.results[self._next_place]
-            ref = placer.remote(str(self.staging / task_name(k)), str(self.place_into), self._part_base,
-                                self._record_base)
-            self._pending[ref] = ("place", k)
+            if k not in self.placed:
+                ref = placer.remote(str(self.staging / task_name(k)), str(self.place_into), self._part_base,
+                                    self._record_base)
+                self._pending[ref] = ("place", k)
             self._part_base += len(result["parts"])
             self._record_base += result["records"]
             self._next_place += 1
@@ -301,12 +352,15 @@ class _Tasks:
 
 def _finish_shards(sources: list[ShardSource], parts: list[dict[str, Any]], tmp: Path, index: bytes,
                    manifest: dict[str, Any]) -> None:
-    """With every shard in place: drop the task folders, write the index and, last, the manifest."""
+    """With every shard in place: write the index, drop the task folders and the run record, and
+    write the manifest last. (A driver killed before the manifest leaves a pack that resumes: a task
+    folder already dropped is packed again, and its shards replace the same ones.)"""
     import hashlib
 
+    write_file_atomic(tmp / INDEX_NAME, index)
     for source in sources:
         shutil.rmtree(source.folder)
-    write_file_atomic(tmp / INDEX_NAME, index)
+    (tmp / RAY_RUN_NAME).unlink()
     manifest.update(parts=parts, index={"name": INDEX_NAME, "size": len(index),
                                         "sha256": hashlib.sha256(index).hexdigest()})
     write_file_atomic(tmp / MANIFEST_NAME, encode_manifest(manifest))

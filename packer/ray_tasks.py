@@ -1,28 +1,46 @@
 """The Ray tasks of ``pack --engine ray``, run on any node of the cluster: ``pack_range`` packs one
 range of the folder into a task folder (a small shards pack of its own), ``place_task`` moves a
-finished task's shards into the pack, renumbered."""
+finished task's shards into the pack, renumbered.
+
+Each writes a marker last, so that ``pack --engine ray --resume`` can tell a finished task from a
+torn one: ``task-done.json`` once the task folder is complete (the task's result, the sizes of its
+files and the SHA-256 of its index and manifest), ``task-placed.json`` once its shards are in the
+pack. A task reads its source files in ``read_range`` only and writes its outputs in
+``write_range`` only.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from packload.core.errors import UsageError
-from packload.core.format import INDEX_NAME, MANIFEST_NAME, decode_index
+from packload.core.format import (
+    INDEX_NAME,
+    MANIFEST_NAME,
+    TASK_DONE_NAME,
+    TASK_PLACED_NAME,
+    decode_index,
+    shard_name,
+)
 from packload.core.manifest import build_manifest
 from packload.core.scan import Sample
 from packload.packer.combine import ShardSource, place_shards
-from packload.packer.encode import EncodeOptions
+from packload.packer.encode import Encoded, EncodeOptions, Skipped
 from packload.packer.pipeline import encoded_stream, io_bound, write_or_skip
-from packload.packer.write_shards import ShardsWriter
+from packload.packer.write_shards import ShardsWriter, fsync_dir, write_file_atomic
 
 IO_THREADS = 2  # threads per task when encoding is reading and checking only
 
 
 def task_name(k: int) -> str:
     return f"task-{k:05d}"
+
 
 class _NoDigest:
     """Stands in for SHA-256 while writing shards that are hashed again once renumbered."""
@@ -33,6 +51,7 @@ class _NoDigest:
     def hexdigest(self) -> str:
         return ""  # place_shards hashes a shard whose digest is unknown
 
+
 class _UnhashedShardsWriter(ShardsWriter):
     """A ``ShardsWriter`` that skips hashing: the shards of every range but the first get new part
     and record numbers, so their final SHA-256 is computed then (``place_shards``)."""
@@ -40,6 +59,7 @@ class _UnhashedShardsWriter(ShardsWriter):
     def _open_part(self, part: int) -> None:
         super()._open_part(part)
         self._file.digest = _NoDigest()
+
 
 def check_shared(root: str, folder: Path) -> None:
     """Refuse at once (no retries) a node that does not see the source or the destination."""
@@ -50,27 +70,36 @@ def check_shared(root: str, folder: Path) -> None:
             raise UsageError(f"{needed}: not found on node {socket.gethostname()}; --engine ray needs the source "
                              "and the destination on storage every node sees, at the same path")
 
-def pack_range(task: int, root: str, samples: list[Sample], first_pos: int, classes: list[str],
-               options: EncodeOptions, out: str, shard_size: int, strict: bool, hashed: bool = True) -> dict[str, Any]:
-    """One Ray task: pack ``samples`` (scan positions from ``first_pos``) into the shards pack
-    ``out``, starting afresh (a retry overwrites a failed attempt); ``hashed=False`` leaves the
-    shards' SHA-256 to be computed later. Returns its counts and times."""
-    started, cpu_started = time.perf_counter(), time.process_time()
-    folder = Path(out)
-    check_shared(root, folder)
-    if folder.exists():
-        shutil.rmtree(folder)
-    folder.mkdir()
-    writer = (ShardsWriter if hashed else _UnhashedShardsWriter)(folder, shard_size)
-    skipped: list[dict[str, Any]] = []
-    source_bytes = 0
+
+def node_id() -> str | None:
+    """The Ray node this task runs on (None outside Ray)."""
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+    except Exception:  # noqa: BLE001 - called as a plain function (tests, no Ray): no node
+        return None
+
+
+def read_range(root: str, samples: list[Sample], options: EncodeOptions) -> Iterator[Encoded | Skipped]:
+    """Every file of ``samples`` under ``root``, read, checked and encoded in order: the one place a
+    task reads its source."""
     # Reading and checking only (keep, fast check) waits on the disk with the GIL released: a few
     # threads keep one CPU busy, as in the local engine. Re-encoding stays on this task's one CPU.
     threads = IO_THREADS if io_bound(options) else 1
+    return encoded_stream(Path(root), samples, 0, options, threads)
+
+
+def write_range(items: Iterator[Encoded | Skipped], root: str, first_pos: int, classes: list[str],
+                options: EncodeOptions, folder: Path, shard_size: int, strict: bool, hashed: bool) -> dict[str, Any]:
+    """Write ``items`` (scan positions from ``first_pos``) as the shards pack ``folder``, then its
+    done marker: the one place a task writes its outputs. Returns the counts for the result."""
+    writer = (ShardsWriter if hashed else _UnhashedShardsWriter)(folder, shard_size)
+    skipped: list[dict[str, Any]] = []
+    source_bytes = 0
     try:
-        for pos, item in enumerate(encoded_stream(Path(root), samples, 0, options, threads), first_pos):
+        for pos, item in enumerate(items, first_pos):
             source_bytes += write_or_skip(item, pos, Path(root), writer, skipped, strict)
-        encode_seconds = time.perf_counter() - started
         # A task folder is a small pack of its own (its manifest is replaced by the driver's).
         writer.finish(build_manifest(backend="shards", encoding=options.encoding, source={}, labelled=True,
                                      classes=classes, labels=writer.index.labels(),
@@ -78,21 +107,87 @@ def pack_range(task: int, root: str, samples: list[Sample], first_pos: int, clas
                                      options={}))
     finally:
         writer.close()
-    return {"task": task, "records": writer.index.count, "parts": writer.parts, "skipped": skipped,
-            "source_bytes": source_bytes, "payload_bytes": writer.index.payload_bytes,
-            "seconds": time.perf_counter() - started, "encode_seconds": encode_seconds,
-            "cpu_seconds": time.process_time() - cpu_started}
+    return {"records": writer.index.count, "parts": writer.parts, "skipped": skipped,
+            "source_bytes": source_bytes, "payload_bytes": writer.index.payload_bytes}
+
+
+def pack_range(task: int, root: str, samples: list[Sample], first_pos: int, classes: list[str],
+               options: EncodeOptions, out: str, shard_size: int, strict: bool, hashed: bool = True) -> dict[str, Any]:
+    """One Ray task: pack ``samples`` (scan positions from ``first_pos``) into the shards pack
+    ``out``, starting afresh (a retry overwrites a failed attempt); ``hashed=False`` leaves the
+    shards' SHA-256 to be computed later. Writes the done marker last; returns the result it holds."""
+    started, cpu_started = time.perf_counter(), time.process_time()
+    folder = Path(out)
+    check_shared(root, folder)
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir()
+    counts = write_range(read_range(root, samples, options), root, first_pos, classes, options, folder,
+                         shard_size, strict, hashed)
+    result = {"task": task, "range": [first_pos, first_pos + len(samples)], **counts, "node": node_id(),
+              "seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu_started}
+    files = {part["name"]: {"size": part["size"]} for part in counts["parts"]}
+    for name in (INDEX_NAME, MANIFEST_NAME):
+        data = (folder / name).read_bytes()
+        files[name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    write_file_atomic(folder / TASK_DONE_NAME, json.dumps({**result, "files": files}).encode("utf-8"))
+    fsync_dir(folder)
+    return result
+
+
+def done_result(folder: Path, task: int, span: tuple[int, int], placed_into: Path | None = None,
+                part_base: int = 0) -> dict[str, Any] | None:
+    """The result a finished ``pack_range`` left in ``folder`` for ``task`` over the files ``span``;
+    None when it did not finish (no marker, or a file missing, of another size or checksum). With
+    ``placed_into``, a shard that an interrupted placement already moved counts when it is there,
+    under its new name (parts from ``part_base``), with its size."""
+    try:
+        marker = json.loads((folder / TASK_DONE_NAME).read_bytes())
+        if marker.get("task") != task or marker.get("range") != list(span):
+            return None
+        files = marker.pop("files")
+        for j, part in enumerate(marker["parts"]):
+            path = folder / part["name"]
+            if not path.exists() and placed_into is not None:
+                path = placed_into / shard_name(part_base + j)
+            if path.stat().st_size != files[part["name"]]["size"]:
+                return None
+        for name in (INDEX_NAME, MANIFEST_NAME):
+            data = (folder / name).read_bytes()
+            if len(data) != files[name]["size"] or hashlib.sha256(data).hexdigest() != files[name]["sha256"]:
+                return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return marker
+
 
 def place_task(folder: str, out: str, part_base: int, record_base: int) -> dict[str, Any]:
-    """One Ray task: move a finished task's shards into the pack, renumbered (see ``place_shards``).
-    Returns their manifest entries and the CPU time it took."""
+    """One Ray task: move a finished task's shards into the pack, renumbered (see ``place_shards``),
+    then write the placed marker. Returns their manifest entries and the CPU time it took."""
     cpu_started = time.process_time()
     parts = place_shards(task_source(Path(folder)), Path(out), part_base, record_base, move=True)
-    return {"parts": parts, "cpu_seconds": time.process_time() - cpu_started}
+    fsync_dir(Path(out))
+    placed = {"parts": parts, "part_base": part_base, "record_base": record_base,
+              "cpu_seconds": time.process_time() - cpu_started}
+    write_file_atomic(Path(folder) / TASK_PLACED_NAME, json.dumps(placed).encode("utf-8"))
+    return placed
+
+
+def placed_result(folder: Path, out: Path, part_base: int, record_base: int) -> dict[str, Any] | None:
+    """What a finished ``place_task`` left for the task folder ``folder`` at these bases; None when
+    it did not finish or a shard it placed is missing from ``out`` or of another size."""
+    try:
+        placed = json.loads((folder / TASK_PLACED_NAME).read_bytes())
+        if placed["part_base"] != part_base or placed["record_base"] != record_base:
+            return None
+        if any((out / part["name"]).stat().st_size != part["size"] for part in placed["parts"]):
+            return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return placed
+
 
 def task_source(folder: Path) -> ShardSource:
-    import json
-
     manifest = json.loads((folder / MANIFEST_NAME).read_bytes())
     entries, paths = decode_index((folder / INDEX_NAME).read_bytes(), str(folder / INDEX_NAME))
     return ShardSource(folder, manifest["parts"], entries, paths)

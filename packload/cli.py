@@ -112,12 +112,12 @@ def add_pack_arguments(p: argparse.ArgumentParser) -> None:
 def _pack_with_ray(args: argparse.Namespace, options: Any) -> dict[str, Any]:
     from packload.packer.ray_engine import pack_ray
 
-    for flag, value in (("--resume", args.resume), ("--workers", args.workers is not None)):
-        if value:
-            raise UsageError(f"{flag} does not apply to --engine ray (Ray runs one task per CPU and cannot "
-                             "resume); drop it, or pack with --engine local")
+    if args.workers is not None:
+        raise UsageError("--workers does not apply to --engine ray (Ray runs one task per CPU); drop it, "
+                         "or pack with --engine local")
     return pack_ray(args.src, args.dst, backend=args.format, options=options, shard_size=args.shard_size,
-                    overwrite=args.overwrite, strict=args.strict, progress=not (args.quiet or args.json),
+                    overwrite=args.overwrite, resume=args.resume, strict=args.strict,
+                    progress=not (args.quiet or args.json),
                     address=args.ray_address, task_files=args.task_files)
 
 
@@ -127,8 +127,10 @@ def pack_summary(result: dict[str, Any]) -> str:
             if result["seconds"] > 0 else "")
     size = f"{result['pack_bytes'] / 1e6:.1f} MB from {result['source_bytes'] / 1e6:.1f} MB"
     where = f"into {result['destination']} [{result['backend']}, {result['encoding']}]"
-    if result.get("resumed_at"):
-        return (f"resumed at file {result['resumed_at']}: packed {result['files_this_run']} more file(s) {rate}; "
+    if result.get("resumed_at") is not None:
+        ray = result.get("ray") or {}
+        kept = f" ({ray['tasks_kept']} of {ray['tasks']} Ray tasks were done)" if ray.get("tasks_kept") else ""
+        return (f"resumed at file {result['resumed_at']}{kept}: packed {result['files_this_run']} more file(s) {rate}; "
                 f"the pack holds {result['records']} images ({result['classes']} classes) of "
                 f"{result['files_total']} files {where}, {size}")
     return f"packed {result['records']} images ({result['classes']} classes) {where} {rate}; {size}"

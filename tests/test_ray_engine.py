@@ -132,10 +132,10 @@ def test_cli_engine_ray_reencodes_like_local(ray_instance: Path, source: Path, t
     assert records_of(tmp_path / "ray.shards") == records_of(tmp_path / "local.shards")
 
 
-def test_cli_refuses_resume_with_ray(source: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["pack", str(source), str(tmp_path / "o"), "--engine", "ray", "--resume"]) == 2
+def test_cli_refuses_workers_with_ray(source: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["pack", str(source), str(tmp_path / "o"), "--engine", "ray", "--workers", "2"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--resume does not apply to --engine ray" in err
+    assert err.count("\n") == 1 and "--workers does not apply to --engine ray" in err
 
 
 def test_without_ray_says_how_to_install(source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

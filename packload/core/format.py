@@ -32,6 +32,11 @@ ENCODINGS = ("keep", "jpeg", "png", "raw")
 MANIFEST_NAME = "manifest.json"  # shards: a file in the pack folder
 INDEX_NAME = "index.bin"  # shards: a file in the pack folder
 PROGRESS_NAME = "progress.json"  # shards: only in an unfinished pack, what ``pack --resume`` needs
+# ``pack --engine ray``: only in an unfinished pack. The run record (options, source, ranges) beside
+# the task folders, and in each task folder the markers written last: packed, then placed.
+RAY_RUN_NAME = "ray-run.json"
+TASK_DONE_NAME = "task-done.json"
+TASK_PLACED_NAME = "task-placed.json"
 
 
 def shard_name(part: int) -> str:
