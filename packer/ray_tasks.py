@@ -72,13 +72,12 @@ def check_shared(root: str, folder: Path) -> None:
 
 
 def node_id() -> str | None:
-    """The Ray node this task runs on (None outside Ray)."""
+    """The Ray node this task runs on (None when called outside Ray: asking would start Ray)."""
     try:
         import ray
-
-        return ray.get_runtime_context().get_node_id()
-    except Exception:  # noqa: BLE001 - called as a plain function (tests, no Ray): no node
+    except ImportError:
         return None
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 
 
 def read_range(root: str, samples: list[Sample], options: EncodeOptions) -> Iterator[Encoded | Skipped]:

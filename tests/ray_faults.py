@@ -1,37 +1,84 @@
-"""Failures on purpose inside Ray tasks, so the tests can exercise Ray's retries.
+"""Failures on purpose inside Ray tasks, so the tests can exercise Ray's retries and a resume.
 
 ``install`` runs in every Ray worker process at its start (Ray's ``worker_process_setup_hook``).
-It wraps the tasks' node check, which every packing task runs first: when the marker file named
-by ``RAY_FAULT_MARKER`` says ``TASK`` (or ``TASK once``), that task raises ``OSError`` (once: the
-marker is then removed, so the retry succeeds). The library itself has no hook for this.
+It wraps the tasks' node check, which every packing task runs first, and the writing of each
+record. What they do is read from the marker file named by ``RAY_FAULT_MARKER``:
+
+* ``TASK`` (or ``TASK once``): that task raises ``OSError`` (once: the marker is then removed, so
+  the retry succeeds);
+* ``TASK once kill``: that task's worker process kills itself (SIGKILL) after writing its third
+  record, once: a lost worker, mid-task;
+* ``slow SECONDS``: every task waits that long before packing (so a test can stop a pack midway).
+
+Every packing task also appends its number to the file named by ``RAY_TASK_LOG``, when set: the
+tests count which tasks ran. The library itself has no hook for any of this.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
 MARKER_ENV = "RAY_FAULT_MARKER"
+TASK_LOG_ENV = "RAY_TASK_LOG"
+KILL_AFTER = 3  # records a task writes before its worker is killed
+
+
+def _task_of(folder: Path) -> int | None:
+    match = re.fullmatch(r"task-(\d+)", Path(folder).name)
+    return int(match.group(1)) if match else None
+
+
+def _marker_words() -> list[str]:
+    marker = os.environ.get(MARKER_ENV)
+    if not marker or not os.path.exists(marker):
+        return []
+    try:
+        return Path(marker).read_text().split()
+    except FileNotFoundError:  # removed by another task just now
+        return []
+
+
+def logged_tasks(log: Path) -> list[int]:
+    """The task numbers in the log, one per run of a task (retries included)."""
+    return [int(line) for line in log.read_text().split()] if log.exists() else []
 
 
 def install() -> None:
-    """Wrap ``ray_tasks.check_shared`` in this worker process."""
+    """Wrap ``ray_tasks.check_shared`` and ``ray_tasks.write_or_skip`` in this worker process."""
     from packload.packer import ray_tasks
 
-    real = ray_tasks.check_shared
+    real_check, real_write = ray_tasks.check_shared, ray_tasks.write_or_skip
 
     def check_then_fail(root: str, folder: Path, *args: Any) -> None:
-        real(root, folder, *args)
-        marker = os.environ.get(MARKER_ENV)
-        match = re.fullmatch(r"task-(\d+)", Path(folder).name)
-        if not marker or not match or not os.path.exists(marker):
+        real_check(root, folder, *args)
+        task = _task_of(folder)
+        if task is None:
             return
-        words = Path(marker).read_text().split()
-        if words and int(words[0]) == int(match.group(1)):
+        log = os.environ.get(TASK_LOG_ENV)
+        if log:
+            with open(log, "a") as f:
+                f.write(f"{task}\n")
+        words = _marker_words()
+        if words[:1] == ["slow"]:
+            time.sleep(float(words[1]))
+        elif words and int(words[0]) == task and "kill" not in words:
             if "once" in words[1:]:
-                os.unlink(marker)
-            raise OSError(f"injected failure in task {int(match.group(1))}")
+                os.unlink(os.environ[MARKER_ENV])
+            raise OSError(f"injected failure in task {task}")
+
+    def write_then_die(item: Any, pos: int, root: Path, writer: Any, *args: Any) -> int:
+        written = real_write(item, pos, root, writer, *args)
+        words = _marker_words()
+        if ("kill" in words and int(words[0]) == _task_of(writer.folder)
+                and writer.index.count >= KILL_AFTER):
+            os.unlink(os.environ[MARKER_ENV])
+            os.kill(os.getpid(), signal.SIGKILL)
+        return written
 
     ray_tasks.check_shared = check_then_fail
+    ray_tasks.write_or_skip = write_then_die

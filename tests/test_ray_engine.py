@@ -16,31 +16,13 @@ from packload.loaders.read import PackReader
 from packload.loaders.verify import verify
 from packload.packer.ray_engine import split_ranges
 from tests.image_factory import make_image_folder, write_broken_files, write_hidden_and_stray
-from tests.ray_faults import MARKER_ENV
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.ray_local import LocalRay, local_ray  # noqa: F401 - a fixture
 
 
 @pytest.fixture(scope="module")
-def ray_instance(tmp_path_factory: pytest.TempPathFactory):
-    """A local Ray instance with 2 CPUs whose workers import this checkout and install the fault
-    injector of tests/ray_faults.py, driven by the marker file yielded."""
-    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install -e \".[ray]\")")
-    marker = tmp_path_factory.mktemp("fault") / "fault"
-    saved = {key: os.environ.get(key) for key in (MARKER_ENV, "PYTHONPATH")}
-    os.environ[MARKER_ENV] = str(marker)
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), saved["PYTHONPATH"]]))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"worker_process_setup_hook": "tests.ray_faults.install"})
-    try:
-        yield marker
-    finally:
-        ray.shutdown()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+def ray_instance(local_ray: LocalRay) -> Path:  # noqa: F811 - the fixture imported above
+    """The shared local Ray instance's fault marker file."""
+    return local_ray.marker
 
 
 @pytest.fixture(scope="module")
