@@ -25,7 +25,7 @@ import lmdb
 from packload.core.cpus import usable_cores
 from packload.core.display import terminal_safe
 from packload.core.errors import PackFormatError, SkippedFileError, UsageError, WriteError
-from packload.core.format import RecordMeta, pack_size
+from packload.core.format import RAY_RUN_NAME, RecordMeta, pack_size
 from packload.core.manifest import build_manifest, ignored_count, skipped_count
 from packload.core.progress import progress_bar
 from packload.core.scan import Sample, ScanResult, printable, scan_folder
@@ -272,6 +272,9 @@ def _open_writer(scan: ScanResult, tmp: Path, backend: str, shard_size: int, opt
     on from and the files skipped before it."""
     map_size = max(1 << 30, len(scan.samples) * LMDB_MAP_PER_FILE)
     leftover = check_partial(tmp)
+    if leftover and resume and (tmp / RAY_RUN_NAME).exists():
+        raise UsageError(f"{tmp}: this unfinished pack was started with --engine ray; resume it with "
+                         "--engine ray --resume, or start over with --overwrite")
     if leftover and resume and exists(tmp):
         try:
             resumed = (LmdbWriter.resume(tmp, map_size) if backend == "lmdb"

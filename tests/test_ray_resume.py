@@ -160,6 +160,15 @@ def test_a_local_unfinished_pack_is_not_resumed_on_ray(source: Path, tmp_path: P
     assert err.count("\n") == 1 and "started without --engine ray" in err and partial.exists()
 
 
+def test_a_ray_unfinished_pack_is_not_resumed_locally(source: Path, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    staging = _unfinished(source, tmp_path / "o.shards", done=[0, 1])
+    assert main(["pack", str(source), str(tmp_path / "o.shards"), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "started with --engine ray; resume it with --engine ray --resume" in err
+    assert _done_tasks(staging) == {0, 1}  # the finished tasks are kept
+
+
 # -- on Ray --------------------------------------------------------------------------------
 DRIVER = """
 import sys
