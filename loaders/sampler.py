@@ -145,7 +145,7 @@ class PackSampler(DistributedSampler[int]):
         window_blocks: blocks whose records are mixed together; the shuffle buffer is
             ``block_size * window_blocks`` records ("block" order only).
         rank, world_size: this process's share; default to torch.distributed's when it is initialised,
-            else 0 and 1.
+            else 0 and 1. ``world_size=1`` alone gives every process the whole (global) order.
         uneven: make the global order divisible by world_size by "pad" (repeat records from the start of
             the order: every record seen at least once) or "drop" (drop the tail: at most once).
         prefetch: the pack's path (or a callable taking an int64 array of record numbers): while it
@@ -216,7 +216,9 @@ class PackSampler(DistributedSampler[int]):
         """Fill missing rank/world_size from torch.distributed and check 0 <= rank < world_size."""
         default_rank, default_world = _default_rank_world()
         world_size = check_int("world_size", default_world if world_size is None else world_size, 1)
-        rank = check_int("rank", default_rank if rank is None else rank, 0)
+        if rank is None:  # one share (world_size=1: the global order) is rank 0's on every process
+            rank = 0 if world_size == 1 else default_rank
+        rank = check_int("rank", rank, 0)
         if rank >= world_size:
             raise ValueError(
                 f"rank must satisfy 0 <= rank < world_size, got rank={rank}, world_size={world_size}; "
