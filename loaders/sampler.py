@@ -28,8 +28,11 @@ from typing import Any, Union
 
 import numpy as np
 import numpy.random  # noqa: F401  (imported with the module, not on the first epoch's clock)
-import torch
 import torch.distributed as dist
+from torch.utils.data import DistributedSampler
+
+from packload.core.errors import SplitTwiceError, UsageError
+from packload.loaders.accelerate_shard import sharded_by_accelerate
 
 __all__ = ["PackSampler"]
 
@@ -122,8 +125,16 @@ class Lookahead:
             self.announced += step
 
 
-class PackSampler(torch.utils.data.Sampler[int]):
+class PackSampler(DistributedSampler[int]):
     """Sampler for packed datasets: block-local shuffling, even DDP split, exact mid-epoch resume.
+
+    A ``DistributedSampler`` by type, with its attributes (``num_replicas``, ``rank``, ``epoch``,
+    ``shuffle``, ``seed``, ``drop_last``, ``num_samples``, ``total_size``, ``dataset``), so that
+    frameworks that split any other sampler by rank (Lightning's ``use_distributed_sampler``) see
+    that it is split already and only call its ``set_epoch``. Accelerate's ``prepare()`` shards
+    every sampler's batches whatever its type: under it, build the sampler with ``world_size=1``
+    (one global order, split by Accelerate alone); a sampler split by rank there raises
+    :class:`~packload.core.errors.SplitTwiceError` (docs/FRAMEWORKS.md).
 
     Args:
         num_records: records in the pack (indices 0..num_records-1).
@@ -134,7 +145,7 @@ class PackSampler(torch.utils.data.Sampler[int]):
         window_blocks: blocks whose records are mixed together; the shuffle buffer is
             ``block_size * window_blocks`` records ("block" order only).
         rank, world_size: this process's share; default to torch.distributed's when it is initialised,
-            else 0 and 1.
+            else 0 and 1. ``world_size=1`` alone gives every process the whole (global) order.
         uneven: make the global order divisible by world_size by "pad" (repeat records from the start of
             the order: every record seen at least once) or "drop" (drop the tail: at most once).
         prefetch: the pack's path (or a callable taking an int64 array of record numbers): while it
@@ -163,7 +174,8 @@ class PackSampler(torch.utils.data.Sampler[int]):
         uneven: str = "pad",
         prefetch: Prefetch = None,
     ) -> None:
-        super().__init__()
+        # DistributedSampler.__init__ is not called: it asks for a dataset and, without explicit
+        # num_replicas and rank, an initialised process group. Its attributes are properties below.
         if not isinstance(shuffle, bool):
             raise TypeError(f"shuffle must be a bool, got {type(shuffle).__name__} ({shuffle!r})")
         self.num_records = check_int("num_records", num_records, 0)
@@ -177,6 +189,7 @@ class PackSampler(torch.utils.data.Sampler[int]):
         self._epoch = 0
         self._cursor = _Cursor(epoch=0, start=0, position=0)
         self._resume: _Cursor | None = None
+        self._sharded_by_accelerate = False  # last iterated by Accelerate's batch sharding
         self.prefetch = prefetch
 
     @property
@@ -203,7 +216,9 @@ class PackSampler(torch.utils.data.Sampler[int]):
         """Fill missing rank/world_size from torch.distributed and check 0 <= rank < world_size."""
         default_rank, default_world = _default_rank_world()
         world_size = check_int("world_size", default_world if world_size is None else world_size, 1)
-        rank = check_int("rank", default_rank if rank is None else rank, 0)
+        if rank is None:  # one share (world_size=1: the global order) is rank 0's on every process
+            rank = 0 if world_size == 1 else default_rank
+        rank = check_int("rank", rank, 0)
         if rank >= world_size:
             raise ValueError(
                 f"rank must satisfy 0 <= rank < world_size, got rank={rank}, world_size={world_size}; "
@@ -226,8 +241,44 @@ class PackSampler(torch.utils.data.Sampler[int]):
 
     @property
     def epoch(self) -> int:
-        """The epoch the next (or current) iteration walks."""
+        """The epoch the next (or current) iteration walks (setting it is ``set_epoch``)."""
         return self._epoch
+
+    @epoch.setter
+    def epoch(self, epoch: int) -> None:
+        self.set_epoch(epoch)
+
+    # -- DistributedSampler's attributes, read by frameworks ---------------------------------------
+
+    @property
+    def num_replicas(self) -> int:
+        """The number of ranks the order is split over (``world_size``)."""
+        return self.world_size
+
+    @property
+    def shuffle(self) -> bool:
+        """Whether the order is shuffled (any order but "sequential")."""
+        return self.order != "sequential"
+
+    @property
+    def drop_last(self) -> bool:
+        """True when the tail is dropped to split evenly (``uneven="drop"``), False when padded."""
+        return self.uneven == "drop"
+
+    @property
+    def num_samples(self) -> int:
+        """Samples this rank yields per epoch (``len(self)``)."""
+        return len(self)
+
+    @property
+    def total_size(self) -> int:
+        """Samples all ranks yield per epoch together, after padding or dropping."""
+        return self._total_size()
+
+    @property
+    def dataset(self) -> range:
+        """The indices sampled from, ``range(num_records)`` (the sampler holds no dataset)."""
+        return range(self.num_records)
 
     @property
     def start_position(self) -> int:
@@ -276,7 +327,16 @@ class PackSampler(torch.utils.data.Sampler[int]):
     # -- iteration -------------------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[int]:
-        """Yield this rank's indices for the current epoch, from a loaded resume position if any."""
+        """Yield this rank's indices for the current epoch, from a loaded resume position if any.
+
+        Raises SplitTwiceError when Accelerate shards the batches of a sampler split by rank."""
+        self._sharded_by_accelerate = sharded_by_accelerate()
+        if self._sharded_by_accelerate and self.world_size > 1:
+            raise SplitTwiceError(
+                f"PackSampler is split over {self.world_size} ranks and accelerate's prepare() shards its "
+                f"batches again (each rank would see 1/{self.world_size ** 2} of the pack): build it with "
+                "world_size=1 (ds.sampler(world_size=1)) so that accelerate's shard is the only split"
+            )
         start = self._resume.start if self._resume is not None else 0
         self._resume = None
         self._cursor = _Cursor(epoch=self._epoch, start=start, position=start)
@@ -338,8 +398,15 @@ class PackSampler(torch.utils.data.Sampler[int]):
         prefetched-but-unused samples are skipped on resume.
 
         All ranks consume the same number of samples, so the state saved on rank 0 can be loaded on
-        every rank.
+        every rank. Under Accelerate's prepared loader (``world_size=1``, sharded by Accelerate) the
+        position is in the global order: ``consumed`` must be given, as the samples all processes
+        used together (``steps * batch_size * num_processes``).
         """
+        if consumed is None and self._sharded_by_accelerate and self._cursor.epoch == self._epoch:
+            raise UsageError(
+                "PackSampler.state_dict(): under accelerate's prepared loader the sampler cannot tell how "
+                "many of its samples were used; pass consumed=steps * batch_size * accelerator.num_processes"
+            )
         if consumed is not None:
             position = self._check_position("consumed", consumed)
         elif self._resume is not None:

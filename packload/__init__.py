@@ -22,6 +22,7 @@ from packload.core.errors import (
     PackFormatError,
     PackloadError,
     SkippedFileError,
+    SplitTwiceError,
     UsageError,
     WriteError,
 )
@@ -71,6 +72,7 @@ __all__ = [
     "PackloadError",
     "RandomResizedCrop",
     "SkippedFileError",
+    "SplitTwiceError",
     "TuneResult",
     "UsageError",
     "WriteError",

@@ -142,3 +142,24 @@ def test_batch_loader_encoded_hands_over_the_stored_bytes(source, tmp_path, back
     assert got == [ds[i] for i in sampler.epoch_order().tolist()]
     with pytest.raises(ValueError, match="crop"):
         batch_loader(ds, 4, encoded=True, crop=8)
+
+
+def test_batch_loader_batches_say_they_are_split_by_rank(raw_pack):
+    """Lightning leaves a DistributedSampler alone and calls its set_epoch: batch_loader's batch
+    sampler is one when its sampler is, and forwards set_epoch to it."""
+    from torch.utils.data import BatchSampler, DistributedSampler, SequentialSampler
+
+    from packload.loaders.batches import RankBatchSampler
+
+    ds = PackedImageFolder(raw_pack)
+    sampler = ds.sampler(rank=1, world_size=2, seed=4)
+    loader = batch_loader(ds, 4, sampler=sampler)
+    assert isinstance(loader.sampler, RankBatchSampler) and isinstance(loader.sampler, DistributedSampler)
+    assert (loader.sampler.num_replicas, loader.sampler.rank, loader.sampler.seed) == (2, 1, 4)
+    assert loader.sampler.num_samples == len(sampler) and loader.sampler.total_size == sampler.total_size
+    loader.sampler.set_epoch(5)
+    assert sampler.epoch == loader.sampler.epoch == 5
+    got = [i for images, labels in loader for i in labels.tolist()]
+    assert got == [ds.targets[i] for i in sampler.epoch_order(5)]
+    plain = batch_loader(ds, 4, sampler=SequentialSampler(range(len(ds))))
+    assert type(plain.sampler) is BatchSampler  # not split by rank: a framework may split it

@@ -545,3 +545,24 @@ def test_lmdb_chunks_located_from_the_btree(small_packs: dict[str, Path]) -> Non
             assert bytes(reader.part_view(part)) == txn.get(lmdb_chunk_key(part))
         assert txn.get(lmdb_chunk_key(parts)) is None
     env.close()
+
+
+def test_is_a_distributed_sampler_with_its_attributes() -> None:
+    """Frameworks that split any sampler that is not a DistributedSampler (Lightning) read these."""
+    from torch.utils.data import DistributedSampler
+
+    sampler = PackSampler(1001, rank=1, world_size=4, seed=7, uneven="drop")
+    assert isinstance(sampler, DistributedSampler)
+    assert (sampler.num_replicas, sampler.rank, sampler.seed) == (4, 1, 7)
+    assert sampler.shuffle and sampler.drop_last
+    assert sampler.num_samples == len(sampler) == len(list(sampler)) == 250
+    assert sampler.total_size == 1000 and len(sampler.dataset) == 1001
+    sampler.epoch = 3  # as DistributedSampler users set it
+    assert sampler.epoch == 3 and list(sampler) == sampler.epoch_order(3).tolist()
+    padded = PackSampler(1001, rank=0, world_size=4, shuffle=False)
+    assert not padded.shuffle and not padded.drop_last and padded.total_size == 1004
+
+
+def test_world_size_one_is_the_global_order_on_any_rank() -> None:
+    sampler = PackSampler(100, world_size=1, seed=2)
+    assert sampler.rank == 0 and list(sampler) == sampler.global_order().tolist()

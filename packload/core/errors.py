@@ -37,3 +37,8 @@ class SkippedFileError(PackloadError):
 
 class WriteError(PackloadError, OSError):
     """The destination could not be written (disk full, file-size limit, permissions)."""
+
+
+class SplitTwiceError(PackloadError, RuntimeError):
+    """A sampler already split by rank that a framework splits again: each rank would see a fraction
+    of its share, and part of the pack none at all."""
