@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any, Union
 
 import numpy as np
@@ -33,15 +32,14 @@ from torch.utils.data import DistributedSampler
 
 from packload.core.errors import SplitTwiceError, UsageError
 from packload.loaders.accelerate_shard import sharded_by_accelerate
+from packload.loaders.sample_walk import Cursor, Lookahead, walk, walk_ahead
 
 __all__ = ["PackSampler"]
 
 ORDERS = ("block", "random", "sequential")
 UNEVEN_MODES = ("pad", "drop")
 STATE_VERSION = 1
-_YIELD_CHUNK = 8192  # indices converted to Python ints at a time (avoids a 10M-element Python list)
 _HINT_RECORDS = 2048  # records announced at a time by a prefetching sampler outside the "block" order
-_HINT_HEAD = 256  # records announced first, before the first window (a few batches' worth)
 Prefetch = Union[str, "os.PathLike[str]", Callable[[np.ndarray], Any], None]
 
 
@@ -89,40 +87,6 @@ def _block_order(n: int, block_size: int, window_blocks: int, rng: np.random.Gen
     records = slots[:, None] * block_size + np.arange(block_size, dtype=np.int64)
     records = rng.permuted(records.reshape(num_groups, window_blocks * block_size), axis=1).ravel()
     return records[records < n]
-
-
-@dataclass
-class _Cursor:
-    """Progress of one iterator: its epoch, where it started, and how many of this rank's samples of
-    that epoch have been handed out (``position`` counts from the start of the epoch)."""
-
-    epoch: int
-    start: int
-    position: int
-
-
-class Lookahead:
-    """Announces an order's records to ``prefetch`` one window (``step`` records) ahead of a reading
-    position. At the start nothing is ahead yet: the first few batches' records go first (so the
-    first batch waits for its own reads, not for a whole window's), then the first window; the
-    second once a quarter of the first is read; from then on, the next window as each one begins."""
-
-    def __init__(self, order: np.ndarray, prefetch: Callable[[np.ndarray], Any], step: int) -> None:
-        self.order, self.prefetch, self.step = order, prefetch, max(1, step)
-        self.announced = 0  # records of ``order`` announced so far
-
-    def reach(self, position: int) -> None:
-        """The reader is at ``position`` of the order: announce what should be ahead of it."""
-        order, step = self.order, self.step
-        if not self.announced and order.size:
-            head = min(order.size, _HINT_HEAD, step)
-            self.prefetch(order[:head])
-            self.prefetch(order[head:step])
-            self.announced = min(order.size, step)
-        windows = 1 if position < step // 4 else position // step + 2
-        while self.announced < min(order.size, windows * step):
-            self.prefetch(order[self.announced : self.announced + step])
-            self.announced += step
 
 
 class PackSampler(DistributedSampler[int]):
@@ -187,8 +151,8 @@ class PackSampler(DistributedSampler[int]):
         self.uneven = _check_choice("uneven", uneven, UNEVEN_MODES)
         self.rank, self.world_size = self._resolve_rank(rank, world_size)
         self._epoch = 0
-        self._cursor = _Cursor(epoch=0, start=0, position=0)
-        self._resume: _Cursor | None = None
+        self._cursor = Cursor(epoch=0, start=0, position=0)
+        self._resume: Cursor | None = None
         self._sharded_by_accelerate = False  # last iterated by Accelerate's batch sharding
         self.prefetch = prefetch
 
@@ -339,11 +303,11 @@ class PackSampler(DistributedSampler[int]):
             )
         start = self._resume.start if self._resume is not None else 0
         self._resume = None
-        self._cursor = _Cursor(epoch=self._epoch, start=start, position=start)
+        self._cursor = Cursor(epoch=self._epoch, start=start, position=start)
         order = self.epoch_order()[start:]
         if self._prefetch is None:
-            return self._walk(order, self._cursor)
-        return self._walk_ahead(order, self._cursor, self._prefetch, self._hint_records())
+            return walk(order, self._cursor)
+        return walk_ahead(order, self._cursor, self._prefetch, self._hint_records())
 
     def begin_epoch(self) -> np.ndarray:
         """Start an iteration as ``__iter__`` does, but return this rank's remaining order for the
@@ -351,35 +315,8 @@ class PackSampler(DistributedSampler[int]):
         progress by passing ``consumed`` to :meth:`state_dict`."""
         start = self._resume.start if self._resume is not None else 0
         self._resume = None
-        self._cursor = _Cursor(epoch=self._epoch, start=start, position=start)
+        self._cursor = Cursor(epoch=self._epoch, start=start, position=start)
         return self.epoch_order()[start:]
-
-    @staticmethod
-    def _walk(order: np.ndarray, cursor: _Cursor) -> Iterator[int]:
-        """Yield ``order`` as Python ints, counting each one in ``cursor`` before it is handed out."""
-        for offset in range(0, order.size, _YIELD_CHUNK):
-            for index in order[offset : offset + _YIELD_CHUNK].tolist():
-                cursor.position += 1
-                yield index
-
-    @staticmethod
-    def _walk_ahead(order: np.ndarray, cursor: _Cursor, prefetch: Callable[[np.ndarray], Any],
-                    step: int) -> Iterator[int]:
-        """:meth:`_walk`, announcing the records one window (``step`` records) ahead of those handed
-        out (:class:`Lookahead`)."""
-        ahead = Lookahead(order, prefetch, step)
-        for offset in range(0, order.size, step):
-            ahead.reach(offset)
-            chunk = order[offset : offset + step].tolist()
-            early = min(len(chunk), step // 4) if offset == 0 else len(chunk)
-            for index in chunk[:early]:
-                cursor.position += 1
-                yield index
-            if early < len(chunk):
-                ahead.reach(early)
-                for index in chunk[early:]:
-                    cursor.position += 1
-                    yield index
 
     def lookahead(self, order: np.ndarray) -> Lookahead | None:
         """What announces ``order`` (from :meth:`begin_epoch`) a window ahead of a loader's reading
@@ -448,7 +385,7 @@ class PackSampler(DistributedSampler[int]):
         epoch = check_int("state['epoch']", state["epoch"], 0)
         position = self._check_position("state['position']", state["position"])
         self.seed, self._epoch = seed, epoch
-        self._resume = _Cursor(epoch=epoch, start=position, position=position)
+        self._resume = Cursor(epoch=epoch, start=position, position=position)
 
     def _check_options(self, saved: Any) -> None:
         """Raise a ValueError naming every option that differs between ``saved`` and this sampler."""
