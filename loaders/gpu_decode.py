@@ -249,21 +249,24 @@ class GpuBatches:
         labels = plan.labels.copy()
         stream = self._stream()
         layout = torch.channels_last if self.channels_last else torch.contiguous_format
+        held: list[Any] = []  # payloads and decoded images, kept until the stream is done with them
         with torch.cuda.stream(stream):
             images = torch.empty((len(plan.positions), 3, *plan.size), dtype=torch.uint8, device=self.device,
                                  memory_format=layout)
-            host_rows = self._decode_on_device(plan, images, labels, stream)
+            host_rows = self._decode_on_device(plan, images, labels, stream, held)
             if len(host_rows):
                 self._decode_on_host(plan, host_rows, images, labels, draws)
             labels_on_device = torch.from_numpy(labels).to(self.device, non_blocking=True)
         images.record_stream(self._consumer)
         labels_on_device.record_stream(self._consumer)
         stream.synchronize()  # the batch is complete when handed over (this thread waits, not the loop)
+        held.clear()
         return images, labels_on_device
 
     def _decode_on_device(self, plan: BatchPlan, images: torch.Tensor, labels: np.ndarray,
-                          stream: torch.cuda.Stream) -> np.ndarray:
-        """Decode, crop and flip the plan's device rows into ``images``; the rows left for the CPU."""
+                          stream: torch.cuda.Stream, held: list[Any]) -> np.ndarray:
+        """Decode, crop and flip the plan's device rows into ``images``; the rows left for the CPU.
+        What the stream's work reads is appended to ``held``."""
         rows = plan.device_rows
         if not len(rows):
             return plan.host_rows
@@ -276,6 +279,7 @@ class GpuBatches:
         except (RuntimeError, ValueError) as exc:
             self._warn(f"{self.decoder.name} failed on a batch ({' '.join(str(exc).split())}): decoding it on the CPU")
             decoded = [None] * len(rows)
+        held.extend((data, decoded))
         entries = self.dataset.reader().entries[plan.positions[rows]]
         decoded = [_placed(result, boxes[k], int(entries["height"][k]), int(entries["width"][k]))
                    for k, result in enumerate(decoded)]
