@@ -68,7 +68,8 @@ class NvImageCodecDecoder:
         self.device = device
         self._index = device.index if device.index is not None else torch.cuda.current_device()
         kinds = ("HW_GPU_ONLY", "GPU_ONLY", "HYBRID_CPU_GPU")
-        self._backends = [nvimgcodec.Backend(getattr(nvimgcodec.BackendKind, kind)) for kind in kinds]
+        self._backends = [nvimgcodec.Backend(getattr(nvimgcodec.BackendKind, kind)) for kind in kinds
+                          if hasattr(nvimgcodec.BackendKind, kind)]  # older versions lack the hardware one
         self._params = nvimgcodec.DecodeParams(apply_exif_orientation=False, color_spec=nvimgcodec.ColorSpec.SRGB,
                                                sample_format=nvimgcodec.SampleFormat.I_RGB)
         self.regions = hasattr(nvimgcodec, "Region") and (
