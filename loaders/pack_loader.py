@@ -24,12 +24,13 @@ import warnings
 from collections import deque
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from packload.core.cpus import usable_cores
+from packload.core.errors import UsageError
 from packload.core.threads import single_core_torch_pool
 from packload.core.torch_private import storage_use_count, storage_use_count_available
 from packload.loaders.crop import CenterCrop
@@ -37,7 +38,11 @@ from packload.loaders.dataset import PackedImageFolder
 from packload.loaders.random_crop import Draws, RandomResizedCrop, flip_probability
 from packload.loaders.sampler import PackSampler
 
+if TYPE_CHECKING:
+    from packload.loaders.gpu_decode import GpuBatches
+
 _REMOTE_COPY_THREADS = 4  # threads copying batches on network and FUSE storage with no announcements (see __init__)
+_GPU_THREADS = 4  # threads planning batches and launching their GPU decodes (device="cuda")
 
 
 class PackLoader:
@@ -68,6 +73,11 @@ class PackLoader:
             ``PackedImageFolder.get_encoded_batch`` gives them (for decoding on the GPU).
         fast_idct: decode JPEGs with libjpeg-turbo's fast integer IDCT, as FFCV does: a few percent
             faster; pixels then differ from the drop-in path's by about one level of 255 on average.
+        device: ``"cuda"`` (or ``"cuda:N"``) decodes JPEGs on the GPU (nvImageCodec, the ``gpu``
+            extra, or torchvision's ``decode_jpeg``), crops, resizes and flips them there with the CPU
+            path's boxes, and yields CUDA batches and labels; other records are decoded on the CPU in
+            the same batch and copied up (``loaders/gpu_decode.py``). Default ``threads`` is then at
+            most 4. None: batches on the CPU.
 
     A batch kept by the training loop (or any view or array of it) is never overwritten; the
     memory of cropped batches the loop has let go of is reused for later ones (no page faults).
@@ -77,7 +87,7 @@ class PackLoader:
                  crop: CenterCrop | RandomResizedCrop | int | None = None, flip: bool | float | None = None,
                  threads: int | None = None, prefetch: int | None = None, drop_last: bool = False,
                  channels_last: bool = True, pin_memory: bool = False, encoded: bool = False,
-                 fast_idct: bool = False) -> None:
+                 fast_idct: bool = False, device: str | torch.device | None = None) -> None:
         if not isinstance(dataset, PackedImageFolder):
             raise TypeError(f"PackLoader reads a PackedImageFolder, got {type(dataset).__name__}")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -98,6 +108,8 @@ class PackLoader:
             # announcements a batch's fetch there waits round trips, and a few threads overlap them.
             unannounced = self.sampler.prefetch is None and dataset.parallel_reads
             threads = (_REMOTE_COPY_THREADS if unannounced else 0) if copy_only else usable_cores()
+            if device is not None:  # the GPU decodes: a few threads keep it fed
+                threads = min(_GPU_THREADS, usable_cores())
         self.threads = int(threads)
         if self.threads < 0:
             raise ValueError(f"threads must be 0 (build batches in the loop's own thread) or more, got {threads}")
@@ -110,6 +122,13 @@ class PackLoader:
         if pin_memory and not self.pin_memory:
             warnings.warn("pin_memory=True ignored: CUDA is not available, batches stay in pageable memory",
                           stacklevel=2)
+        self.gpu: GpuBatches | None = None  # builds the batches on the GPU when device is given
+        if device is not None:
+            if encoded:
+                raise UsageError("encoded=True yields the stored bytes, device='cuda' decodes them: drop one of them")
+            from packload.loaders.gpu_decode import GpuBatches  # imports the GPU decoder only when asked
+
+            self.gpu = GpuBatches(dataset, self.crop, self.flip, channels_last, device, fast_idct)
         self._pool: ThreadPoolExecutor | None = None
         self._pool_pid = 0
         self._start = 0  # position in the epoch where the current iteration began
@@ -154,7 +173,8 @@ class PackLoader:
         return self._batches(order, starts, draws)
 
     def _batches(self, order: np.ndarray, starts: range, draws: Draws) -> Iterator[tuple[torch.Tensor, ...]]:
-        spares = _Spares() if self.crop is not None and not self.pin_memory and _Spares.supported else None
+        spares = _Spares() if self.crop is not None and not self.pin_memory and self.gpu is None \
+            and _Spares.supported else None
         ahead = self.sampler.lookahead(order)  # announces the order a window ahead (the sampler's prefetch)
         if self.threads == 0:
             for start in starts:
@@ -199,6 +219,8 @@ class PackLoader:
         """One batch, in a pool thread (written into ``images`` when given)."""
         if self.encoded:
             return self.dataset.get_encoded_batch(indices, pin_memory=self.pin_memory)
+        if self.gpu is not None:
+            return self.gpu.build(indices, draws)
         return self.dataset.get_batch(indices, self.channels_last, crop=self.crop, pin_memory=self.pin_memory,
                                       fast_idct=self.fast_idct, flip=self.flip, draws=draws, out=images)
 

@@ -56,3 +56,18 @@ def test_trainer_steps_a_model_and_counts_images_on_the_cpu() -> None:
     assert result["images_per_s"] == pytest.approx(4 * result["batches"] / result["seconds"], rel=0.05)
     assert any(not torch.equal(a, b.detach()) for a, b in zip(before, model.parameters(), strict=True)), \
         "the SGD steps changed the weights"
+
+
+def test_the_gpu_decoded_rows_are_set_against_the_best_cpu_feed() -> None:
+    results = {
+        "ceiling: one batch already on the GPU": {"images_per_s": 9000.0},
+        "keep pack, PackLoader + CenterCrop(224)": {"images_per_s": 1000.0},
+        "max-side-256 pack, drop-in DataLoader": {"images_per_s": 1500.0},
+        "max-side-256 pack, PackLoader(device='cuda') + CenterCrop(224), nvimgcodec": {"images_per_s": 4500.0},
+        "keep pack, PackLoader(device='cuda') + RandomResizedCrop(224) + flip, nvimgcodec": {"images_per_s": 3000.0},
+        "a contender that measured nothing": {"images_per_s": None},
+    }
+    best = gpu_train.versus_best_cpu_feed(results)
+    assert best == {"gpu": "max-side-256 pack, PackLoader(device='cuda') + CenterCrop(224), nvimgcodec",
+                    "cpu": "max-side-256 pack, drop-in DataLoader", "ratio": 3.0}
+    assert gpu_train.versus_best_cpu_feed({k: v for k, v in results.items() if "cuda" not in k}) is None
