@@ -12,14 +12,17 @@ rotation, a payload that does not decode), which the caller takes through the ge
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import numpy as np
 import torch
 from PIL import Image
 
 from packload.core import resize_kernel
 from packload.core.format import FORMAT_CODE
-from packload.loaders.crop import interleaved, resize, scaled_box
+from packload.loaders.crop import interleaved, resize, scaled_box, scaled_boxes
 from packload.loaders.decode import DECODE_ERRORS, JPEG_START, scaled_from, simplejpeg
+from packload.loaders.jpeg_fill import fill_jpegs
 from packload.loaders.random_crop import RandomResizedCrop
 from packload.loaders.read import PackReader
 
@@ -39,21 +42,60 @@ class BoxFill:
         jpegs &= np.isin(entries["mode"], [b"RGB", b"L"])
         if Image.MAX_IMAGE_PIXELS:  # a possible decompression bomb takes the general route (a clear error)
             jpegs &= heights * widths <= 2 * Image.MAX_IMAGE_PIXELS
+        self.jpegs = jpegs
         self.jpeg = jpegs.tolist()
         self.heights, self.widths = heights.tolist(), widths.tolist()
+        self.box_array = boxes
         self.boxes = boxes.tolist()
         self.crop, self.fast_idct = crop, fast_idct
-        self.slots = out.split(1)  # 1×3×S×S channels-last views, one per image
         # JPEGs are decoded into it (within the bomb limit), raw boxes copied into it where the kernel
         # does not apply: sized by the largest such image of the batch
         need = np.where(jpegs, heights * widths * 3, 0)
         need = np.maximum(need, np.where(raw, boxes[:, 2] * boxes[:, 3] * 3, 0)) if len(boxes) else need
-        self.scratch = np.empty(int(need.max()) if len(need) else 0, dtype=np.uint8)
-        self.flat = torch.from_numpy(self.scratch)
-        self.kernel = resize_kernel.available() and bool(self.slots) and interleaved(self.slots[0])
+        self.scratch_bytes = int(need.max()) if len(need) else 0
+        self.kernel = resize_kernel.available() and bool(len(positions)) and interleaved(out)
+        self.reader, self.positions, self.out = reader, np.asarray(positions, dtype=np.int64), out
+        self.done = np.zeros(len(positions), dtype=bool)  # filled by fill_jpegs
+
+    @cached_property
+    def slots(self) -> tuple[torch.Tensor, ...]:
+        """1×3×S×S channels-last views of the batch, one per image (made when one is needed)."""
+        return self.out.split(1)
+
+    @cached_property
+    def scratch(self) -> np.ndarray:
+        """The buffer every image of the batch that ``fill`` takes is decoded or copied into."""
+        return np.empty(self.scratch_bytes, dtype=np.uint8)
+
+    @cached_property
+    def flat(self) -> torch.Tensor:
+        return torch.from_numpy(self.scratch)
+
+    def fill_jpegs(self, mirror: np.ndarray) -> np.ndarray:
+        """Decode every JPEG of the batch that the compiled batch decoder takes and resize its box
+        into its slot, in one call (one GIL release for all of them), mirroring those ``mirror`` asks
+        for; ``fill`` then skips them. Returns which slots it mirrored."""
+        mirrored = np.zeros(len(self.done), dtype=bool)
+        rows = np.flatnonzero(self.jpegs & ~self.done)
+        if not self.kernel or not len(rows):
+            return mirrored
+        records, boxes = self.positions[rows], self.box_array[rows]
+        entries = self.reader.entries
+        heights, widths = entries["height"][records], entries["width"][records]
+        min_sizes = self.crop.decode_sizes(boxes, heights, widths)
+
+        def moved(got_heights: np.ndarray, got_widths: np.ndarray) -> np.ndarray:
+            return scaled_boxes(boxes, heights, widths, got_heights, got_widths)
+
+        done = fill_jpegs(self.reader, records, rows, min_sizes, moved, self.out, mirror[rows], self.fast_idct)
+        self.done[rows[done]] = True
+        mirrored[rows[done]] = mirror[rows[done]]
+        return mirrored
 
     def fill(self, k: int, view: memoryview) -> bool:
         """Crop and resize image ``k`` into its slot; False if it must take the general route."""
+        if self.done[k]:
+            return True
         top, left, box_h, box_w = self.boxes[k]
         width = self.widths[k]
         if self.raw_bytes[k] >= 0:
