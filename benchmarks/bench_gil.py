@@ -59,12 +59,14 @@ import torch  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from packload import CenterCrop, PackedImageFolder, PackLoader, collate_uint8  # noqa: E402
+from packload.core import jpeg_kernel  # noqa: E402
 from packload.core.cpus import usable_cores  # noqa: E402
 from packload.loaders.batches import batch_loader  # noqa: E402
 
-CONTENDERS = ("packloader", "batch_loader", "drop_in")
+CONTENDERS = ("packloader", "packloader_per_image", "batch_loader", "drop_in")
 LABELS = {
     "packloader": "PackLoader (threads)",
+    "packloader_per_image": "PackLoader, JPEGs one by one (threads)",
     "batch_loader": "batch_loader (processes)",
     "drop_in": "drop-in DataLoader (processes)",
 }
@@ -168,7 +170,7 @@ def switch_interval(seconds: float) -> Iterator[None]:
 
 def make_loader(name: str, pack: str, batch_size: int, crop: int, workers: int) -> tuple[Any, Callable[[int], None]]:
     """A fresh loader of contender ``name`` and its ``set_epoch``."""
-    if name == "packloader":
+    if name in ("packloader", "packloader_per_image"):
         ds = PackedImageFolder(pack)
         loader = PackLoader(ds, batch_size, sampler=ds.sampler(seed=0), crop=CenterCrop(crop), threads=workers,
                             drop_last=True)
@@ -207,6 +209,7 @@ def measure(name: str, pack: str, batch_size: int, crop: int, workers: int, step
     """Images/s of the loop "take a batch, run ``step``" over ``seconds`` after ``warmup`` batches."""
     loader, set_epoch = make_loader(name, pack, batch_size, crop, workers)
     batches = endless(loader, set_epoch)
+    jpeg_kernel.set_enabled(name != "packloader_per_image")  # the compiled batch decoder, or simplejpeg per image
     try:
         for _ in range(warmup):
             next(batches)
@@ -229,6 +232,7 @@ def measure(name: str, pack: str, batch_size: int, crop: int, workers: int, step
         if isinstance(loader, PackLoader):
             loader.close()
         del loader
+        jpeg_kernel.set_enabled(True)
     return {"images_per_s": images / wall, "seconds": wall, "batches": steps, "gil_held": held / wall,
             "held_ms": 1000 * held / steps, "step_ms": 1000 * stepping / steps}
 

@@ -241,17 +241,13 @@ class _CropFill:
         # raw: (payload bytes, side, byte offset of the square, row stride), or None for the general route
         self.raw_columns = (raw, heights * widths * 3, sides, ((heights - sides) // 2 * widths + (widths - sides) // 2) * 3,
                             widths * 3)
-        self.raw = [columns[1:] if columns[0] else None
-                    for columns in zip(*(column.tolist() for column in self.raw_columns), strict=True)]
         jpegs = np.isin(entries["format"], [FORMAT_CODE["JPEG"], FORMAT_CODE["MPO"]])
         jpegs &= np.isin(entries["mode"], [b"RGB", b"L"]) & jpeg
         if Image.MAX_IMAGE_PIXELS:  # a possible decompression bomb takes the general route (a clear error)
             jpegs &= heights * widths <= 2 * Image.MAX_IMAGE_PIXELS
         if exif_transpose:
             jpegs &= entries["orientation"] == 0
-        self.jpegs = jpegs
-        self.jpeg = jpegs.tolist()
-        self.heights, self.widths = heights.tolist(), widths.tolist()
+        self.jpegs, self.height_array, self.width_array = jpegs, heights, widths
         self.crop = crop
         self.fast_idct = fast_idct
         # Sized by the records that take this route only: raw ones (their sizes checked against their
@@ -262,6 +258,14 @@ class _CropFill:
         self.kernel = resize_kernel.available() and bool(len(positions)) and interleaved(out)
         self.reader, self.positions, self.out = reader, np.asarray(positions, dtype=np.int64), out
         self.done = np.zeros(len(positions), dtype=bool)  # filled by fill_raw_squares and fill_jpegs
+
+    @cached_property
+    def columns(self) -> tuple[list[tuple[int, ...] | None], list[bool], list[int], list[int]]:
+        """Per record, for ``fill``: the raw square's (payload bytes, side, offset, row stride) or None,
+        JPEG or not, height, width."""
+        raw = [columns[1:] if columns[0] else None
+               for columns in zip(*(column.tolist() for column in self.raw_columns), strict=True)]
+        return raw, self.jpegs.tolist(), self.height_array.tolist(), self.width_array.tolist()
 
     @cached_property
     def slots(self) -> tuple[torch.Tensor, ...]:
@@ -331,7 +335,8 @@ class _CropFill:
         """Crop and resize image ``k`` into its slot; False if it must take the general route."""
         if self.done[k]:
             return True
-        raw = self.raw[k]
+        raws, jpeg, heights, widths = self.columns
+        raw = raws[k]
         if raw is not None:
             nbytes, side, offset, stride = raw
             if len(view) != nbytes:
@@ -341,17 +346,17 @@ class _CropFill:
                 return True
             np.copyto(np.ndarray((side, side, 3), np.uint8, self.scratch), square)  # one copy, straight from the map
             square = self.flat.as_strided((1, 3, side, side), (side * side * 3, 1, side * 3, 3))
-        elif self.jpeg[k] and view[:3] == JPEG_START:  # only what starts as a JPEG reaches libjpeg-turbo
+        elif jpeg[k] and view[:3] == JPEG_START:  # only what starts as a JPEG reaches libjpeg-turbo
             try:  # sizes from the index, no header call: each call into simplejpeg gives the GIL up and
                 # must win it back, which a training loop holding the GIL makes slow (benchmarks/bench_gil.py).
                 # An image larger than the index says does not fit the buffer: simplejpeg refuses it.
-                min_h, min_w = _decode_size(self.crop, self.heights[k], self.widths[k], 0) or (0, 0)
+                min_h, min_w = _decode_size(self.crop, heights[k], widths[k], 0) or (0, 0)
                 pixels = simplejpeg.decode_jpeg(view, colorspace="RGB", fastdct=self.fast_idct, min_height=min_h,
                                                 min_width=min_w, buffer=self.scratch)
             except DECODE_ERRORS:
                 return False  # the general route decides: PIL, or a clear error naming the record
             height, width = pixels.shape[:2]
-            if not scaled_from(height, width, self.heights[k], self.widths[k]):
+            if not scaled_from(height, width, heights[k], widths[k]):
                 return False  # not the size the index gives: the general route names the record
             top, left, side = self.crop.window(height, width)
             if self.kernel and side != self.crop.size and \

@@ -37,16 +37,12 @@ class BoxFill:
         heights, widths = entries["height"].astype(np.int64), entries["width"].astype(np.int64)
         upright = entries["orientation"] == 0 if exif_transpose else np.ones(len(positions), dtype=bool)
         raw = (entries["format"] == FORMAT_CODE["raw"]) & upright
-        self.raw_bytes = np.where(raw, heights * widths * 3, -1).tolist()  # -1: not a raw record
+        self.raw_array = np.where(raw, heights * widths * 3, -1)  # -1: not a raw record
         jpegs = np.isin(entries["format"], [FORMAT_CODE["JPEG"], FORMAT_CODE["MPO"]]) & upright & jpeg
         jpegs &= np.isin(entries["mode"], [b"RGB", b"L"])
         if Image.MAX_IMAGE_PIXELS:  # a possible decompression bomb takes the general route (a clear error)
             jpegs &= heights * widths <= 2 * Image.MAX_IMAGE_PIXELS
-        self.jpegs = jpegs
-        self.jpeg = jpegs.tolist()
-        self.heights, self.widths = heights.tolist(), widths.tolist()
-        self.box_array = boxes
-        self.boxes = boxes.tolist()
+        self.jpegs, self.height_array, self.width_array, self.box_array = jpegs, heights, widths, boxes
         self.crop, self.fast_idct = crop, fast_idct
         # JPEGs are decoded into it (within the bomb limit), raw boxes copied into it where the kernel
         # does not apply: sized by the largest such image of the batch
@@ -56,6 +52,12 @@ class BoxFill:
         self.kernel = resize_kernel.available() and bool(len(positions)) and interleaved(out)
         self.reader, self.positions, self.out = reader, np.asarray(positions, dtype=np.int64), out
         self.done = np.zeros(len(positions), dtype=bool)  # filled by fill_jpegs
+
+    @cached_property
+    def columns(self) -> tuple[list[int], list[bool], list[int], list[int], list[list[int]]]:
+        """Per record, for ``fill``: raw payload bytes (-1: not raw), JPEG or not, height, width, box."""
+        return (self.raw_array.tolist(), self.jpegs.tolist(), self.height_array.tolist(), self.width_array.tolist(),
+                self.box_array.tolist())
 
     @cached_property
     def slots(self) -> tuple[torch.Tensor, ...]:
@@ -96,21 +98,22 @@ class BoxFill:
         """Crop and resize image ``k`` into its slot; False if it must take the general route."""
         if self.done[k]:
             return True
-        top, left, box_h, box_w = self.boxes[k]
-        width = self.widths[k]
-        if self.raw_bytes[k] >= 0:
-            if len(view) != self.raw_bytes[k]:
+        raw_bytes, jpeg, heights, widths, boxes = self.columns
+        top, left, box_h, box_w = boxes[k]
+        width = widths[k]
+        if raw_bytes[k] >= 0:
+            if len(view) != raw_bytes[k]:
                 return False
             region = np.ndarray((box_h, box_w, 3), np.uint8, view, (top * width + left) * 3, (width * 3, 3, 1))
             if self.kernel and self._resize(region.ctypes.data, width * 3, box_h, box_w, k):
                 return True
             np.copyto(self.scratch[: box_h * box_w * 3].reshape(box_h, box_w, 3), region)  # the box alone
             source = self.flat.as_strided((1, 3, box_h, box_w), (box_h * box_w * 3, 1, box_w * 3, 3))
-        elif self.jpeg[k] and view[:3] == JPEG_START:  # only what starts as a JPEG reaches libjpeg-turbo
-            height = self.heights[k]
+        elif jpeg[k] and view[:3] == JPEG_START:  # only what starts as a JPEG reaches libjpeg-turbo
+            height = heights[k]
             try:  # sizes from the index, no header call (each call into simplejpeg gives the GIL up);
                 # an image larger than the index says does not fit the buffer: simplejpeg refuses it
-                min_h, min_w = self.crop.decode_size(self.boxes[k], height, width)
+                min_h, min_w = self.crop.decode_size(boxes[k], height, width)
                 pixels = simplejpeg.decode_jpeg(view, colorspace="RGB", fastdct=self.fast_idct, min_height=min_h,
                                                 min_width=min_w, buffer=self.scratch)
             except DECODE_ERRORS:

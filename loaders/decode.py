@@ -84,14 +84,10 @@ def scaled_sizes(heights: np.ndarray, widths: np.ndarray, min_heights: np.ndarra
     heights, widths = np.asarray(heights, dtype=np.int64), np.asarray(widths, dtype=np.int64)
     min_h = np.minimum(heights, np.asarray(min_heights, dtype=np.int64))
     min_w = np.minimum(widths, np.asarray(min_widths, dtype=np.int64))
-    got_h, got_w = heights.copy(), widths.copy()
-    open_ = (min_h > 0) | (min_w > 0)  # a scale is looked for
-    for n in range(1, 8):
-        scaled_h, scaled_w = -(-heights * n // 8), -(-widths * n // 8)
-        take = open_ & (scaled_h >= min_h) & (scaled_w >= min_w)
-        got_h, got_w = np.where(take, scaled_h, got_h), np.where(take, scaled_w, got_w)
-        open_ &= ~take
-    return got_h, got_w
+    # ceil(side * n / 8) >= m  <=>  n >= 8 * (m - 1) // side + 1 (any n when m <= 0)
+    need = np.maximum(8 * (np.maximum(min_h, 1) - 1) // heights, 8 * (np.maximum(min_w, 1) - 1) // widths) + 1
+    n = np.where((min_h > 0) | (min_w > 0), np.minimum(need, 8), 8)
+    return -(-heights * n // 8), -(-widths * n // 8)
 
 
 def _stored_size(size: tuple[int, int], orientation: int) -> tuple[int, int]:

@@ -31,11 +31,14 @@ def payload_addresses(reader: PackReader, records: np.ndarray) -> tuple[np.ndarr
     its part when the pack was opened)."""
     entries = reader.entries
     parts = entries["part"][records].astype(np.int64)
+    offsets = entries["payload_offset"][records].astype(np.uint64)
+    lengths = entries["payload_len"][records].astype(np.uint64)
+    if len(parts) and (parts == parts[0]).all():  # the common case: one shard or chunk
+        return np.uint64(np.frombuffer(reader.part_view(int(parts[0])), np.uint8).ctypes.data) + offsets, lengths
     unique_parts = distinct(parts)
     bases = np.array([np.frombuffer(reader.part_view(part), np.uint8).ctypes.data for part in unique_parts.tolist()],
                      dtype=np.uint64)
-    addresses = bases[np.searchsorted(unique_parts, parts)] + entries["payload_offset"][records].astype(np.uint64)
-    return addresses, entries["payload_len"][records].astype(np.uint64)
+    return bases[np.searchsorted(unique_parts, parts)] + offsets, lengths
 
 
 def fill_jpegs(reader: PackReader, records: np.ndarray, rows: np.ndarray, min_sizes: tuple[np.ndarray, np.ndarray],

@@ -137,15 +137,16 @@ def weights_for_sizes(sizes_in: np.ndarray, size_out: int) -> np.ndarray | None:
     kernel is not available or the sizes do not all fit its weights cache."""
     if _lib is None:
         return None
-    sizes_in = np.asarray(sizes_in, dtype=np.int64)
-    handles = np.zeros(len(sizes_in), dtype=np.uint64)
-    for size in np.unique(sizes_in).tolist():
-        handle = _weights_for(size, size_out)
-        if handle is not None and (size, size_out) not in _weights:  # the cache is full: not kept
-            _lib.rs_weights_free(handle)
-            return None
-        handles[sizes_in == size] = handle or 0
-    return handles
+    handles = []
+    for size in np.asarray(sizes_in).tolist():  # a dict look-up each (batches are small)
+        handle = _weights.get((size, size_out)) if size != size_out else 0
+        if handle is None:
+            handle = _weights_for(size, size_out)
+            if (size, size_out) not in _weights:  # the cache is full: not kept
+                _lib.rs_weights_free(handle)
+                return None
+        handles.append(handle)
+    return np.array(handles, dtype=np.uint64)
 
 
 def resize_entry() -> int:
