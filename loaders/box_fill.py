@@ -75,10 +75,12 @@ class BoxFill:
 
     def fill_jpegs(self, mirror: np.ndarray) -> np.ndarray:
         """Decode every JPEG of the batch that the compiled batch decoder takes and resize its box
-        into its slot, in one call (one GIL release for all of them), mirroring those ``mirror`` asks
-        for; ``fill`` then skips them. Returns which slots it mirrored."""
+        into its slot, the upright raw records' boxes straight from the map too, in one call (one GIL
+        release for all of them), mirroring those ``mirror`` asks for; ``fill`` then skips them.
+        Returns which slots it mirrored."""
         mirrored = np.zeros(len(self.done), dtype=bool)
-        rows = np.flatnonzero(self.jpegs & ~self.done)
+        raw = self.raw_array >= 0
+        rows = np.flatnonzero((self.jpegs | raw) & ~self.done)
         if not self.kernel or not len(rows):
             return mirrored
         records, boxes = self.positions[rows], self.box_array[rows]
@@ -89,7 +91,8 @@ class BoxFill:
         def moved(got_heights: np.ndarray, got_widths: np.ndarray) -> np.ndarray:
             return scaled_boxes(boxes, heights, widths, got_heights, got_widths)
 
-        done = fill_jpegs(self.reader, records, rows, min_sizes, moved, self.out, mirror[rows], self.fast_idct)
+        done = fill_jpegs(self.reader, records, rows, min_sizes, moved, self.out, mirror[rows], self.fast_idct,
+                          raw[rows])
         self.done[rows[done]] = True
         mirrored[rows[done]] = mirror[rows[done]]
         return mirrored

@@ -42,12 +42,13 @@ def payload_addresses(reader: PackReader, records: np.ndarray) -> tuple[np.ndarr
 
 
 def fill_jpegs(reader: PackReader, records: np.ndarray, rows: np.ndarray, min_sizes: tuple[np.ndarray, np.ndarray],
-               boxes_of: Boxes, out: torch.Tensor, mirror: np.ndarray, fast_idct: bool) -> np.ndarray:
-    """Decode records ``records`` (JPEGs by the index) into slots ``rows`` of ``out`` (a channels-last
-    B×3×S×S uint8 batch), each decoded at simplejpeg's size for ``min_sizes`` (min heights, min
-    widths; 0: full size), cropped to the box ``boxes_of`` gives for that size, resized to S × S and
-    mirrored where ``mirror`` (per row). Returns which of ``rows`` were done (all False where the
-    compiled decoder is not available)."""
+               boxes_of: Boxes, out: torch.Tensor, mirror: np.ndarray, fast_idct: bool,
+               raw: np.ndarray | None = None) -> np.ndarray:
+    """Decode records ``records`` (JPEGs by the index, or raw pixels where ``raw``) into slots
+    ``rows`` of ``out`` (a channels-last B×3×S×S uint8 batch), each decoded at simplejpeg's size for
+    ``min_sizes`` (min heights, min widths; 0: full size; raw records: always full size), cropped to
+    the box ``boxes_of`` gives for that size, resized to S × S and mirrored where ``mirror`` (per
+    row). Returns which of ``rows`` were done (all False where the compiled decoder is not available)."""
     count = len(rows)
     done = np.zeros(count, dtype=bool)
     if not count or not jpeg_kernel.available():
@@ -55,7 +56,9 @@ def fill_jpegs(reader: PackReader, records: np.ndarray, rows: np.ndarray, min_si
     size = out.shape[2]
     entries = reader.entries
     heights, widths = entries["height"][records].astype(np.int64), entries["width"][records].astype(np.int64)
-    got_h, got_w = scaled_sizes(heights, widths, *min_sizes)
+    raw = np.zeros(count, dtype=bool) if raw is None else np.asarray(raw, dtype=bool)
+    min_h, min_w = (np.where(raw, 0, sizes) for sizes in min_sizes)
+    got_h, got_w = scaled_sizes(heights, widths, min_h, min_w)
     boxes = np.asarray(boxes_of(got_h, got_w), dtype=np.int64).reshape(-1, 4)
     box_h, box_w = boxes[:, 2], boxes[:, 3]
     take = resize_kernel.regions_applicable(box_h, box_w, size, size) | ((box_h == size) & (box_w == size))
@@ -67,5 +70,5 @@ def fill_jpegs(reader: PackReader, records: np.ndarray, rows: np.ndarray, min_si
                          boxes[picked, 1], box_h[picked], box_w[picked]], axis=1)
     dests = np.uint64(out.data_ptr()) + rows[picked].astype(np.uint64) * np.uint64(out.stride(0))
     done[picked] = jpeg_kernel.decode_boxes(addresses, lengths, geometry, mirror[picked], dests, out.stride(2), size,
-                                            fast_idct)
+                                            fast_idct, raw[picked])
     return done

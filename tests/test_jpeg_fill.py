@@ -186,3 +186,21 @@ def test_payload_addresses_point_at_the_payloads(jpeg_pack: Path) -> None:
     for address, length, view in zip(addresses.tolist(), lengths.tolist(), reader.payloads(records), strict=True):
         assert length == len(view)
         assert address == np.frombuffer(view, np.uint8).ctypes.data
+
+
+@needs_decoder
+@pytest.mark.parametrize("crop", [RandomResizedCrop(24, flip=0.5), RandomResizedCrop(40, scale=(0.3, 1.0), flip=1.0)],
+                         ids=repr)
+def test_raw_boxes_are_resized_from_the_map_in_the_same_call(tmp_path: Path, crop: RandomResizedCrop,
+                                                             counted: list[int]) -> None:
+    for k, size in enumerate([(50, 40), (33, 61), (64, 64), (7, 9), (120, 90)] * 2):
+        folder = tmp_path / "images" / ("a" if k % 2 else "b")
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(textured_rgb(size, k)).save(folder / f"{k}.png")
+    pack(tmp_path / "images", tmp_path / "raw.shards", options=EncodeOptions(encoding="raw"), workers=1,
+         progress=False)
+    ds = PackedImageFolder(tmp_path / "raw.shards")
+    indices = np.arange(len(ds))
+    (on, _), (off, _) = _both(lambda: ds.get_batch(indices, True, crop=crop, flip=crop.flip, draws=Draws(seed=5)))
+    assert torch.equal(on, off)
+    assert counted and counted[0] >= len(ds) // 2, "the batch decoder resized the raw boxes"

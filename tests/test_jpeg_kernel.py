@@ -129,3 +129,23 @@ def test_an_empty_batch_is_nothing_to_do() -> None:
     done = jpeg_kernel.decode_boxes(empty, empty, np.zeros((0, 8), np.int32), np.zeros(0, bool), empty, 96, OUT,
                                     False)
     assert done.shape == (0,)
+
+
+@needs_decoder
+def test_raw_records_are_resized_where_they_lie() -> None:
+    image = textured_rgb((50, 40), 11)  # 40 rows of 50 pixels, as a raw payload stores them
+    box = (3, 4, 30, 41)
+    region = np.ascontiguousarray(image[3:33, 4:45])
+    want = np.empty((OUT, OUT, 3), dtype=np.uint8)
+    assert resize_kernel.resize_region(region.ctypes.data, region.strides[0], 30, 41, want.ctypes.data,
+                                       want.strides[0], OUT, OUT)
+    payloads = [image.tobytes(), image.tobytes()[:-3]]  # the second is not the index's size
+    arrays = [np.frombuffer(data, np.uint8) for data in payloads]
+    batch = np.full((2, OUT, OUT, 3), 7, dtype=np.uint8)
+    done = jpeg_kernel.decode_boxes(np.array([a.ctypes.data for a in arrays], dtype=np.uint64),
+                                    np.array([a.nbytes for a in arrays], dtype=np.uint64),
+                                    np.array([[40, 50, 40, 50, *box]] * 2, dtype=np.int32), np.array([True, False]),
+                                    np.array([batch[0].ctypes.data, batch[1].ctypes.data], dtype=np.uint64),
+                                    batch.strides[1], OUT, False, raw=np.array([True, True]))
+    assert done.tolist() == [True, False]
+    assert np.array_equal(batch[0], want[:, ::-1]) and (batch[1] == 7).all()

@@ -38,21 +38,27 @@ static void mirror_rows(uint8_t *dst, long dstride, int rows, int cols) {
     }
 }
 
-/* One record: 1 done, 0 left to the caller. */
-static int one_record(tjhandle tj, const uint8_t *src, unsigned long len, const int32_t *g, const void *wh,
+/* One record: 1 done, 0 left to the caller. raw: the payload is the stored image's pixels (h x w x 3). */
+static int one_record(tjhandle tj, const uint8_t *src, unsigned long len, int raw, const int32_t *g, const void *wh,
                       const void *wv, int mirror, uint8_t *dst, long dstride, int out, int flags, resize_fn resize,
                       uint8_t *pixels, size_t pixels_bytes, uint8_t *scratch, size_t scratch_bytes) {
-    if (len < 3 || src[0] != 0xFF || src[1] != 0xD8 || src[2] != 0xFF) return 0;  /* not a JPEG's start */
-    int width = 0, height = 0, subsamp = 0, colorspace = 0;
-    if (tjDecompressHeader3(tj, src, len, &width, &height, &subsamp, &colorspace) != 0) return 0;
-    if (height != g[G_HEIGHT] || width != g[G_WIDTH]) return 0;  /* not the index's size */
-    if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK) return 0;  /* simplejpeg converts these itself */
     int dh = g[G_DECODE_HEIGHT], dw = g[G_DECODE_WIDTH];
-    if (dh < 1 || dw < 1 || (size_t)dh * (size_t)dw * 3 > pixels_bytes) return 0;
     int top = g[G_TOP], left = g[G_LEFT], bh = g[G_BOX_HEIGHT], bw = g[G_BOX_WIDTH];
-    if (top < 0 || left < 0 || bh < 1 || bw < 1 || top + bh > dh || left + bw > dw) return 0;
-    if (tjDecompress2(tj, src, len, pixels, dw, 0, dh, TJPF_RGB, flags) != 0) return 0;  /* warnings too */
-    const uint8_t *region = pixels + ((size_t)top * dw + left) * 3;
+    if (dh < 1 || dw < 1 || top < 0 || left < 0 || bh < 1 || bw < 1 || top + bh > dh || left + bw > dw) return 0;
+    const uint8_t *image = pixels;
+    if (raw) {  /* resized straight from the payload */
+        if (dh != g[G_HEIGHT] || dw != g[G_WIDTH] || len != (unsigned long)dh * (unsigned long)dw * 3) return 0;
+        image = src;
+    } else {
+        if (len < 3 || src[0] != 0xFF || src[1] != 0xD8 || src[2] != 0xFF) return 0;  /* not a JPEG's start */
+        int width = 0, height = 0, subsamp = 0, colorspace = 0;
+        if (tjDecompressHeader3(tj, src, len, &width, &height, &subsamp, &colorspace) != 0) return 0;
+        if (height != g[G_HEIGHT] || width != g[G_WIDTH]) return 0;  /* not the index's size */
+        if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK) return 0;  /* simplejpeg converts these itself */
+        if ((size_t)dh * (size_t)dw * 3 > pixels_bytes) return 0;
+        if (tjDecompress2(tj, src, len, pixels, dw, 0, dh, TJPF_RGB, flags) != 0) return 0;  /* warnings too */
+    }
+    const uint8_t *region = image + ((size_t)top * dw + left) * 3;
     long row = (long)dw * 3;
     if (bh == out && bw == out) {
         for (int y = 0; y < out; y++) memcpy(dst + y * dstride, region + y * row, (size_t)out * 3);
@@ -64,7 +70,7 @@ static int one_record(tjhandle tj, const uint8_t *src, unsigned long len, const 
 }
 
 /* Decode, crop, resize (and mirror) n JPEG records into out x out x 3 slots.
- *   payloads[i], lengths[i]: record i's bytes.
+ *   payloads[i], lengths[i]: record i's bytes; raw[i]: they are its pixels, not a JPEG (no decode).
  *   geometry: n x 8 int32: the index's height and width, the decode size (a TurboJPEG scale of
  *       them, as simplejpeg picks it), the box's top, left, height and width in the decoded image.
  *   weights: n x 2 handles of rs_weights (box width -> out, box height -> out; 0 where a side keeps
@@ -76,7 +82,7 @@ static int one_record(tjhandle tj, const uint8_t *src, unsigned long len, const 
  *   scratch: rs_scratch_bytes(largest box height, out) bytes for the resize.
  *   done[i]: set to 1 for each record done, 0 for each left to the caller.
  * Returns the number of records done, or -1 when no TurboJPEG decoder could be made (none done). */
-int pl_jpeg_boxes(int n, const uint64_t *payloads, const uint64_t *lengths, const int32_t *geometry,
+int pl_jpeg_boxes(int n, const uint64_t *payloads, const uint64_t *lengths, const uint8_t *raw, const int32_t *geometry,
                   const uint64_t *weights, const uint8_t *mirror, const uint64_t *dests, long dest_row_bytes, int out,
                   int fast_idct, uint64_t resize_entry, uint8_t *pixels, size_t pixels_bytes, uint8_t *scratch,
                   size_t scratch_bytes, uint8_t *done) {
@@ -89,7 +95,7 @@ int pl_jpeg_boxes(int n, const uint64_t *payloads, const uint64_t *lengths, cons
     int flags = TJFLAG_NOREALLOC | (fast_idct ? TJFLAG_FASTDCT : 0);
     int count = 0;
     for (int i = 0; i < n; i++) {
-        done[i] = (uint8_t)one_record(tj, (const uint8_t *)(uintptr_t)payloads[i], (unsigned long)lengths[i],
+        done[i] = (uint8_t)one_record(tj, (const uint8_t *)(uintptr_t)payloads[i], (unsigned long)lengths[i], raw[i],
                                       geometry + (size_t)i * G_FIELDS, (const void *)(uintptr_t)weights[2 * i],
                                       (const void *)(uintptr_t)weights[2 * i + 1], mirror[i],
                                       (uint8_t *)(uintptr_t)dests[i], dest_row_bytes, out, flags, resize, pixels,

@@ -1,8 +1,9 @@
 """The compiled batch decoder (``packload/core/_jpeg_boxes.c``), when it was built: many JPEGs in one call.
 
-``decode_boxes`` decodes a batch's JPEG records with libjpeg-turbo's TurboJPEG API, resamples each
-record's box into its slot with the compiled resize kernel (``resize_kernel``) and mirrors the
-slots asked for, all in one ctypes call: the GIL is given up once for the batch. Decoding image by
+``decode_boxes`` decodes a batch's JPEG records with libjpeg-turbo's TurboJPEG API (raw records
+need none), resamples each record's box into its slot with the compiled resize kernel
+(``resize_kernel``) and mirrors the slots asked for, all in one ctypes call: the GIL is given up
+once for the batch. Decoding image by
 image through simplejpeg gives it up and wins it back several times per image, and each of those
 waits while a training loop holds the GIL (``benchmarks/bench_gil.py``). The pixels are
 simplejpeg's (the same TurboJPEG calls, flags and decode size) resized as ``crop.resize`` resizes.
@@ -38,7 +39,7 @@ def _load() -> tuple[Any, str | None]:
     lib = ctypes.CDLL(_jpeg_boxes.__file__)
     pointer, size = ctypes.c_void_p, ctypes.c_size_t
     lib.pl_jpeg_boxes.restype = ctypes.c_int
-    lib.pl_jpeg_boxes.argtypes = [ctypes.c_int, pointer, pointer, pointer, pointer, pointer, pointer, ctypes.c_long,
+    lib.pl_jpeg_boxes.argtypes = [ctypes.c_int, pointer, pointer, pointer, pointer, pointer, pointer, pointer, ctypes.c_long,
                                   ctypes.c_int, ctypes.c_int, ctypes.c_uint64, pointer, size, pointer, size, pointer]
     return lib.pl_jpeg_boxes, None
 
@@ -81,8 +82,10 @@ def _buffer(name: str, nbytes: int) -> np.ndarray:
 
 
 def decode_boxes(payloads: np.ndarray, lengths: np.ndarray, geometry: np.ndarray, mirror: np.ndarray,
-                 dests: np.ndarray, dest_row_bytes: int, out_size: int, fast_idct: bool) -> np.ndarray:
-    """Decode JPEG record ``i`` (``lengths[i]`` bytes at address ``payloads[i]``), resize its box
+                 dests: np.ndarray, dest_row_bytes: int, out_size: int, fast_idct: bool,
+                 raw: np.ndarray | None = None) -> np.ndarray:
+    """Decode JPEG record ``i`` (``lengths[i]`` bytes at address ``payloads[i]``; where ``raw[i]``,
+    the stored image's pixels, resized from where they lie with no decode), resize its box
     into the ``out_size`` × ``out_size`` × 3 slot at address ``dests[i]`` (rows ``dest_row_bytes``
     apart) and mirror it where ``mirror[i]``; ``geometry`` is ``n`` × ``GEOMETRY_FIELDS``: the
     index's height and width, the decode size (simplejpeg's choice for the wanted minimum), the box
@@ -100,17 +103,18 @@ def decode_boxes(payloads: np.ndarray, lengths: np.ndarray, geometry: np.ndarray
     if weights_w is None or weights_h is None:  # more sizes than the weights cache keeps
         return done.astype(bool)
     weights = np.ascontiguousarray(np.stack([weights_w, weights_h], axis=1))
-    decoded = geometry[:, 2].astype(np.int64) * geometry[:, 3] * 3
+    raw = np.zeros(count, dtype=np.uint8) if raw is None else np.ascontiguousarray(raw, dtype=np.uint8)
+    decoded = np.where(raw == 0, geometry[:, 2].astype(np.int64) * geometry[:, 3] * 3, 0)  # raw: no decode
     pixels = _buffer("pixels", int(decoded.max()))
     scratch = _buffer("scratch", resize_kernel.scratch_bytes(int(box_h.max()), out_size))
     payloads = np.ascontiguousarray(payloads, dtype=np.uint64)
     lengths = np.ascontiguousarray(lengths, dtype=np.uint64)
     mirror = np.ascontiguousarray(mirror, dtype=np.uint8)
     dests = np.ascontiguousarray(dests, dtype=np.uint64)
-    status = _decode(count, payloads.ctypes.data, lengths.ctypes.data, geometry.ctypes.data, weights.ctypes.data,
-                     mirror.ctypes.data, dests.ctypes.data, dest_row_bytes, out_size, int(fast_idct),
-                     resize_kernel.resize_entry(), pixels.ctypes.data, pixels.nbytes, scratch.ctypes.data,
-                     scratch.nbytes, done.ctypes.data)
+    status = _decode(count, payloads.ctypes.data, lengths.ctypes.data, raw.ctypes.data, geometry.ctypes.data,
+                     weights.ctypes.data, mirror.ctypes.data, dests.ctypes.data, dest_row_bytes, out_size,
+                     int(fast_idct), resize_kernel.resize_entry(), pixels.ctypes.data, pixels.nbytes,
+                     scratch.ctypes.data, scratch.nbytes, done.ctypes.data)
     if status < 0:
         raise MemoryError("libjpeg-turbo could not create a decoder")
     return done.astype(bool)
