@@ -312,7 +312,7 @@ def test_benchmark_runs_and_its_pil_crop_follows_the_algorithm(packs, capsys):
     assert bench_random_crop.main([str(packs["raw"]), "--rounds", "1", "--batch-size", "8", "--cores", "1",
                                    "--json"]) == 0
     result = json.loads(capsys.readouterr().out)["results"][0]
-    assert set(result["contenders"]) == {"packloader", "dataloader-pil", "dataloader-packload"}
+    assert set(result["contenders"]) == {"packloader", "packloader-per-image", "dataloader-pil", "dataloader-packload"}
 
 
 @pytest.mark.parametrize("crop", [RandomResizedCrop(224), RandomResizedCrop(32, dct_scale=False),
