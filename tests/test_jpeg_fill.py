@@ -68,6 +68,22 @@ def jpeg_pack(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "p.shards"
 
 
+@needs_decoder
+def test_an_lmdb_packs_batches_are_the_same_too(jpeg_pack: Path, tmp_path: Path, counted: list[int]) -> None:
+    from tests.reliability.packs import pack_small
+
+    lmdb_pack = tmp_path / "p.lmdb"
+    pack_small(jpeg_pack.parent / "images", lmdb_pack, options=EncodeOptions(encoding="keep"))  # small chunks
+    ds = PackedImageFolder(lmdb_pack)
+    assert len(np.unique(ds.reader().entries["part"])) > 1, "records spread over several chunks"
+    indices = np.arange(len(ds))[::-1].copy()
+    for crop in (CenterCrop(40), RandomResizedCrop(36, flip=0.5)):
+        (on, _), (off, _) = _both(lambda crop=crop: ds.get_batch(indices, True, crop=crop, flip=crop.flip
+                                                                 if isinstance(crop, RandomResizedCrop) else 0.0))
+        assert torch.equal(on, off)
+    assert counted and min(counted) > len(ds) // 2
+
+
 @pytest.fixture
 def counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The records the batch decoder did, per call (it is still called for real)."""
