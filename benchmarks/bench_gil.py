@@ -26,13 +26,14 @@ switch interval before it asks the holder to let go.
 Python competes for the cores too); ``--hold gil-ops`` lets go of the GIL for an instant between
 slices, as a torch op does while it dispatches.
 
-What the GIL costs per image on ``PackLoader``'s JPEG path (loaders/batch_fill.py, ``_CropFill.fill``),
-read from the code: each call that lets go of the GIL must take it back, and while the loop holds
-it the pool thread waits up to one switch interval each time. Measured with this script, five such
-calls per image (simplejpeg's ``decode_jpeg_header``, ``decode_jpeg`` twice: its header and its
-decompression, ``Tensor.as_strided`` and the resize) cost ``PackLoader`` 21 % at f = 50 % and 42 %
-at f = 90 %; the fill now takes the sizes from the index and resizes with the compiled kernel
-(one ctypes call), three per image.
+What the GIL costs ``PackLoader``: each call that lets go of the GIL must take it back, and while the
+loop holds it the pool thread waits up to one switch interval each time. Decoding JPEGs one by one
+(simplejpeg, then the compiled resize kernel: ``_CropFill.fill`` in loaders/batch_fill.py) takes it
+back three times per image; the compiled batch decoder (packload/core/jpeg_kernel.py, used where it
+was built) decodes, crops and resizes a whole batch in one call, so a handful of times per batch.
+The contender ``packloader_per_image`` is ``PackLoader`` with the batch decoder switched off, to
+measure the two in the same run (benchmarks/NOTES.md has the figures). ``--random-crop`` measures
+training crops (``RandomResizedCrop`` and flips) instead of ``CenterCrop``.
 
 ``--step-ms`` is the loop's step; by default 0.8 × the time ``PackLoader`` alone takes per batch
 (measured first), so the loader, not the step, sets the pace at fraction 0.
@@ -58,13 +59,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
-from packload import CenterCrop, PackedImageFolder, PackLoader, collate_uint8  # noqa: E402
+from packload import CenterCrop, PackedImageFolder, PackLoader, RandomResizedCrop, collate_uint8  # noqa: E402
+from packload.core import jpeg_kernel  # noqa: E402
 from packload.core.cpus import usable_cores  # noqa: E402
 from packload.loaders.batches import batch_loader  # noqa: E402
 
-CONTENDERS = ("packloader", "batch_loader", "drop_in")
+CONTENDERS = ("packloader", "packloader_per_image", "batch_loader", "drop_in")
 LABELS = {
     "packloader": "PackLoader (threads)",
+    "packloader_per_image": "PackLoader, JPEGs one by one (threads)",
     "batch_loader": "batch_loader (processes)",
     "drop_in": "drop-in DataLoader (processes)",
 }
@@ -166,21 +169,24 @@ def switch_interval(seconds: float) -> Iterator[None]:
         sys.setswitchinterval(before)
 
 
-def make_loader(name: str, pack: str, batch_size: int, crop: int, workers: int) -> tuple[Any, Callable[[int], None]]:
-    """A fresh loader of contender ``name`` and its ``set_epoch``."""
-    if name == "packloader":
+def make_loader(name: str, pack: str, batch_size: int, crop: int, workers: int,
+                random_crop: bool = False) -> tuple[Any, Callable[[int], None]]:
+    """A fresh loader of contender ``name`` and its ``set_epoch`` (``random_crop``: training crops,
+    ``RandomResizedCrop(crop)`` and flips, instead of ``CenterCrop(crop)``)."""
+    cropping = RandomResizedCrop(crop, flip=0.5) if random_crop else CenterCrop(crop)
+    if name in ("packloader", "packloader_per_image"):
         ds = PackedImageFolder(pack)
-        loader = PackLoader(ds, batch_size, sampler=ds.sampler(seed=0), crop=CenterCrop(crop), threads=workers,
+        loader = PackLoader(ds, batch_size, sampler=ds.sampler(seed=0), crop=cropping, threads=workers,
                             drop_last=True)
         return loader, loader.set_epoch
     if name == "batch_loader":
         ds = PackedImageFolder(pack)
         sampler = ds.sampler(seed=0)
-        loader = batch_loader(ds, batch_size, sampler=sampler, crop=CenterCrop(crop), channels_last=True,
+        loader = batch_loader(ds, batch_size, sampler=sampler, crop=cropping, channels_last=True,
                               drop_last=True, num_workers=workers, persistent_workers=workers > 0)
         return loader, sampler.set_epoch
     if name == "drop_in":
-        ds = PackedImageFolder(pack, transform=CenterCrop(crop), decode_size=(crop, crop))
+        ds = PackedImageFolder(pack, transform=cropping, decode_size=None if random_crop else (crop, crop))
         sampler = ds.sampler(seed=0)
         loader = DataLoader(ds, batch_size=batch_size, sampler=sampler, num_workers=workers, collate_fn=collate_uint8,
                             drop_last=True, persistent_workers=workers > 0)
@@ -203,10 +209,11 @@ def endless(loader: Any, set_epoch: Callable[[int], None]) -> Iterator[tuple[tor
 
 
 def measure(name: str, pack: str, batch_size: int, crop: int, workers: int, step: Step | None, seconds: float,
-            warmup: int) -> dict[str, Any]:
+            warmup: int, random_crop: bool = False) -> dict[str, Any]:
     """Images/s of the loop "take a batch, run ``step``" over ``seconds`` after ``warmup`` batches."""
-    loader, set_epoch = make_loader(name, pack, batch_size, crop, workers)
+    loader, set_epoch = make_loader(name, pack, batch_size, crop, workers, random_crop)
     batches = endless(loader, set_epoch)
+    jpeg_kernel.set_enabled(name != "packloader_per_image")  # the compiled batch decoder, or simplejpeg per image
     try:
         for _ in range(warmup):
             next(batches)
@@ -229,6 +236,7 @@ def measure(name: str, pack: str, batch_size: int, crop: int, workers: int, step
         if isinstance(loader, PackLoader):
             loader.close()
         del loader
+        jpeg_kernel.set_enabled(True)
     return {"images_per_s": images / wall, "seconds": wall, "batches": steps, "gil_held": held / wall,
             "held_ms": 1000 * held / steps, "step_ms": 1000 * stepping / steps}
 
@@ -256,7 +264,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     began = time.perf_counter()
     with switch_interval(DEFAULT_SWITCH_MS / 1000):
         alone = measure("packloader", args.pack, args.batch_size, args.crop, workers, None, args.calibrate_s,
-                        args.warmup)
+                        args.warmup, args.random_crop)
     step_ms = args.step_ms if args.step_ms is not None else 0.8 * 1000 * args.batch_size / alone["images_per_s"]
     say = print if args.verbose else (lambda *a, **k: None)
     say(f"PackLoader alone: {alone['images_per_s']:.0f} img/s; step {step_ms:.2f} ms", flush=True)
@@ -269,7 +277,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             step = Step(step_ms / 1000, fraction, args.hold, args.slice_us, args.rest)
             with switch_interval(switch / 1000):
                 result = measure(name, args.pack, args.batch_size, args.crop, workers, step, args.seconds,
-                                 args.warmup)
+                                 args.warmup, args.random_crop)
             samples.setdefault((name, switch, fraction), []).append(result)
             say(f"  {name:12s} switch {switch:g} ms  f={fraction:.2f}: {result['images_per_s']:.0f} img/s, "
                 f"GIL held {result['gil_held']:.0%}, held part {result['held_ms']:.2f} ms, step "
@@ -292,6 +300,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             })
     return {
         "pack": args.pack, "batch_size": args.batch_size, "crop": args.crop, "workers": workers,
+        "random_crop": args.random_crop,
         "hold": args.hold, "rest": args.rest, "slice_us": args.slice_us, "step_ms": round(step_ms, 3),
         "seconds": args.seconds, "repeats": args.repeats, "fractions": fractions, "switch_ms": switches,
         "contenders": contenders,
@@ -309,7 +318,8 @@ def render(result: dict[str, Any]) -> str:
     fractions = result["fractions"]
     head = "| contender | switch interval | " + " | ".join(f"f = {f:.0%}" for f in fractions) + " |"
     lines = [
-        f"batch {result['batch_size']}, crop {result['crop']}, {result['workers']} threads/workers, "
+        f"batch {result['batch_size']}, {'RandomResizedCrop + flip' if result['random_crop'] else 'CenterCrop'} "
+        f"{result['crop']}, {result['workers']} threads/workers, "
         f"step {result['step_ms']:.2f} ms (hold: {result['hold']}, rest: {result['rest']}, "
         f"{result['slice_us']} us slices), "
         f"{result['seconds']:g} s x {result['repeats']} per case; PackLoader alone "
@@ -338,7 +348,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("pack", help="a JPEG (or other) pack: shards folder or LMDB file")
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--crop", type=int, default=224, help="CenterCrop side")
+    p.add_argument("--crop", type=int, default=224, help="CenterCrop side (with --random-crop: RandomResizedCrop's)")
+    p.add_argument("--random-crop", action="store_true", help="training crops: RandomResizedCrop and flips")
     p.add_argument("--workers", type=int, help="PackLoader threads and DataLoader workers (default: usable cores)")
     p.add_argument("--contenders", default="packloader,batch_loader,drop_in")
     p.add_argument("--fractions", default="0,25,50,90", help="GIL-held percent of the step (0 is always run)")

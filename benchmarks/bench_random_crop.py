@@ -6,6 +6,9 @@ drop-in DataLoader path with a PIL random-resized-crop and flip, on the same pac
 Contenders, each reading whole epochs of the same pack in the sampler's order (``ds.sampler(seed=0)``):
 
 * ``packloader``: ``PackLoader(ds, B, crop=RandomResizedCrop(224), flip=True)``, threads = usable cores;
+* ``packloader-per-image``: the same with the compiled batch decoder switched off
+  (``jpeg_kernel.set_enabled(False)`` during its epochs): JPEGs decoded one by one through simplejpeg,
+  the route before the batch decoder (the same pixels);
 * ``dataloader-pil``: ``DataLoader(PackedImageFolder(pack, transform=PilRandomResizedCrop(224)))`` with
   ``num_workers`` = usable cores (persistent) and ``collate_uint8``: torchvision's ``RandomResizedCrop``
   + ``RandomHorizontalFlip`` on PIL images (the box by ``get_params``' algorithm, then PIL's bilinear
@@ -39,6 +42,7 @@ from PIL import Image  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from packload import PackedImageFolder, PackLoader, RandomResizedCrop  # noqa: E402
+from packload.core import jpeg_kernel  # noqa: E402
 from packload.diagnose.measure import usable_cores  # noqa: E402
 from packload.loaders.collate import collate_uint8  # noqa: E402
 
@@ -77,6 +81,23 @@ class PilRandomResizedCrop:
         return np.asarray(image)
 
 
+class PerImage:
+    """A ``PackLoader`` iterated with the compiled batch decoder off (JPEGs one by one)."""
+
+    def __init__(self, loader: PackLoader) -> None:
+        self.loader = loader
+
+    def __iter__(self) -> Any:
+        jpeg_kernel.set_enabled(False)
+        try:
+            yield from self.loader
+        finally:
+            jpeg_kernel.set_enabled(True)
+
+    def close(self) -> None:
+        self.loader.close()
+
+
 def contenders(pack: Path, batch_size: int, cores: int) -> dict[str, Any]:
     """Each contender as (loader, set_epoch) built once for the run."""
     made: dict[str, Any] = {}
@@ -84,6 +105,9 @@ def contenders(pack: Path, batch_size: int, cores: int) -> dict[str, Any]:
     fast = PackLoader(ds, batch_size, crop=RandomResizedCrop(224), flip=True, sampler=ds.sampler(seed=0),
                       threads=cores)
     made["packloader"] = (fast, fast.set_epoch)
+    per_image = PackLoader(ds, batch_size, crop=RandomResizedCrop(224), flip=True, sampler=ds.sampler(seed=0),
+                           threads=cores)
+    made["packloader-per-image"] = (PerImage(per_image), per_image.set_epoch)
     for name, transform in (("dataloader-pil", PilRandomResizedCrop(224)),
                             ("dataloader-packload", RandomResizedCrop(224, flip=0.5))):
         dataset = PackedImageFolder(pack, transform=transform)

@@ -20,6 +20,7 @@ Two routes, both writing straight into the batch (no per-sample tensors, nothing
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -29,7 +30,7 @@ from packload.core import resize_kernel
 from packload.core.errors import PackFormatError, UsageError
 from packload.core.format import FORMAT_CODE, PAYLOAD_FORMATS
 from packload.loaders.box_fill import BoxFill
-from packload.loaders.crop import CenterCrop, crop_box_into, interleaved, resize, scaled_box
+from packload.loaders.crop import CenterCrop, crop_box_into, interleaved, mirror_rows, resize, scaled_box
 from packload.loaders.decode import (
     DECODE_ERRORS,
     JPEG_START,
@@ -39,6 +40,7 @@ from packload.loaders.decode import (
     scaled_from,
     simplejpeg,
 )
+from packload.loaders.jpeg_fill import fill_jpegs
 from packload.loaders.prefetch import distinct
 from packload.loaders.random_crop import Draws, RandomResizedCrop
 from packload.loaders.read import PackReader
@@ -146,22 +148,27 @@ class RawGather:
 
 def fill_decoded(reader: PackReader, positions: Sequence[int], payloads: Sequence[memoryview], out: torch.Tensor,
                  *, crop: CenterCrop | RandomResizedCrop | None, fast_jpeg: bool = True, exif_transpose: bool = False,
-                 replace: Replace | None = None, fast_idct: bool = False, draws: Draws | None = None) -> list[int]:
+                 replace: Replace | None = None, fast_idct: bool = False, draws: Draws | None = None,
+                 mirror: np.ndarray | None = None) -> list[int]:
     """Decode each payload into its slot of ``out`` (B×3×H×W uint8, any memory layout): cropped
     and resized by ``crop``, or copied as it is when every image already has the batch's size.
+    ``payloads`` are the reader's views of records ``positions`` (``reader.payloads``).
 
     A payload that cannot be decoded raises ``PackFormatError`` naming the record, or, with
     ``replace``, is swapped for the record ``replace(index, error)`` gives (a ``RandomResizedCrop``
     then draws the replacement's box with the replaced record's key). ``fast_idct`` decodes JPEGs
-    with libjpeg-turbo's fast integer IDCT; ``draws`` keys a ``RandomResizedCrop``'s boxes.
+    with libjpeg-turbo's fast integer IDCT; ``draws`` keys a ``RandomResizedCrop``'s boxes;
+    ``mirror`` (a bool per slot) mirrors those slots horizontally.
     Returns the record numbers whose images fill the batch (``positions`` unless some were replaced)."""
     chosen = [int(index) for index in positions]
     if len(chosen) != len(payloads):
         raise ValueError(f"{len(chosen)} records but {len(payloads)} payloads")
     boxed = isinstance(crop, RandomResizedCrop)
     draws = draws or Draws()
+    mirror = np.zeros(len(chosen), dtype=bool) if mirror is None else np.asarray(mirror, dtype=bool)
     boxes = crop.boxes(*upright_sizes(reader, chosen, exif_transpose), np.asarray(chosen), draws) if boxed else None
     fast: _CropFill | BoxFill | None = None
+    mirrored = np.zeros(len(chosen), dtype=bool)  # slots already mirrored (by the batch decoder)
     if crop is not None and chosen and out.is_contiguous(memory_format=torch.channels_last):
         jpeg = fast_jpeg and simplejpeg is not None
         if boxed:
@@ -169,7 +176,9 @@ def fill_decoded(reader: PackReader, positions: Sequence[int], payloads: Sequenc
         else:
             fast = _CropFill(reader, chosen, crop, out, jpeg, exif_transpose, fast_idct)
             fast.fill_raw_squares()
-    for k, view in enumerate(payloads):
+        mirrored = fast.fill_jpegs(mirror)
+    for k in (range(len(chosen)) if fast is None else np.flatnonzero(~fast.done).tolist()):
+        view = payloads[k]
         if fast is not None and fast.fill(k, view):
             continue
         index = key = chosen[k]
@@ -197,6 +206,7 @@ def fill_decoded(reader: PackReader, positions: Sequence[int], payloads: Sequenc
                              f"{slot.shape[1]}x{slot.shape[2]}; give a crop (or a transform) that makes one size")
         else:
             np.copyto(slot.numpy(), pixels.transpose(2, 0, 1))
+    mirror_rows(out, mirror & ~mirrored)
     return chosen
 
 
@@ -231,29 +241,66 @@ class _CropFill:
         # raw: (payload bytes, side, byte offset of the square, row stride), or None for the general route
         self.raw_columns = (raw, heights * widths * 3, sides, ((heights - sides) // 2 * widths + (widths - sides) // 2) * 3,
                             widths * 3)
-        self.raw = [columns[1:] if columns[0] else None
-                    for columns in zip(*(column.tolist() for column in self.raw_columns), strict=True)]
         jpegs = np.isin(entries["format"], [FORMAT_CODE["JPEG"], FORMAT_CODE["MPO"]])
         jpegs &= np.isin(entries["mode"], [b"RGB", b"L"]) & jpeg
         if Image.MAX_IMAGE_PIXELS:  # a possible decompression bomb takes the general route (a clear error)
             jpegs &= heights * widths <= 2 * Image.MAX_IMAGE_PIXELS
         if exif_transpose:
             jpegs &= entries["orientation"] == 0
-        self.jpeg = jpegs.tolist()
-        self.heights, self.widths = heights.tolist(), widths.tolist()
+        self.jpegs, self.height_array, self.width_array = jpegs, heights, widths
         self.crop = crop
         self.fast_idct = fast_idct
-        self.slots = out.split(1)  # 1×3×S×S channels-last views, one per image
         # Sized by the records that take this route only: raw ones (their sizes checked against their
         # payloads when the pack was opened) and JPEGs within the decompression-bomb limit.
         fast = raw | jpegs
-        self.scratch = np.empty(int((heights * widths)[fast].max()) * 3 if fast.any() else 0, dtype=np.uint8)
-        self.flat = torch.from_numpy(self.scratch)
+        self.scratch_bytes = int((heights * widths)[fast].max()) * 3 if fast.any() else 0
         # the compiled kernel (when built) resizes straight from the map or the decode buffer
-        self.kernel = resize_kernel.available() and bool(self.slots) and interleaved(self.slots[0])
-        self.scratch_at = self.scratch.ctypes.data
+        self.kernel = resize_kernel.available() and bool(len(positions)) and interleaved(out)
         self.reader, self.positions, self.out = reader, np.asarray(positions, dtype=np.int64), out
-        self.done = np.zeros(len(positions), dtype=bool)  # filled by fill_raw_squares
+        self.done = np.zeros(len(positions), dtype=bool)  # filled by fill_raw_squares and fill_jpegs
+
+    @cached_property
+    def columns(self) -> tuple[list[tuple[int, ...] | None], list[bool], list[int], list[int]]:
+        """Per record, for ``fill``: the raw square's (payload bytes, side, offset, row stride) or None,
+        JPEG or not, height, width."""
+        raw = [columns[1:] if columns[0] else None
+               for columns in zip(*(column.tolist() for column in self.raw_columns), strict=True)]
+        return raw, self.jpegs.tolist(), self.height_array.tolist(), self.width_array.tolist()
+
+    @cached_property
+    def slots(self) -> tuple[torch.Tensor, ...]:
+        """1×3×S×S channels-last views of the batch, one per image (made when one is needed)."""
+        return self.out.split(1)
+
+    @cached_property
+    def scratch(self) -> np.ndarray:
+        """The buffer every image of the batch that ``fill`` takes is decoded or copied into."""
+        return np.empty(self.scratch_bytes, dtype=np.uint8)
+
+    @cached_property
+    def flat(self) -> torch.Tensor:
+        return torch.from_numpy(self.scratch)
+
+    def fill_jpegs(self, mirror: np.ndarray) -> np.ndarray:
+        """Decode, crop and resize every JPEG of the batch that the compiled batch decoder takes, in
+        one call (one GIL release for all of them), mirroring those ``mirror`` asks for; ``fill``
+        then skips them. Returns which slots it mirrored."""
+        rows = np.flatnonzero(self.jpegs & ~self.done)
+        if not self.kernel or not len(rows):
+            return np.zeros(len(self.done), dtype=bool)
+        records = self.positions[rows]
+        entries = self.reader.entries
+        min_sizes = self.crop.min_decode_sizes(entries["height"][records], entries["width"][records])
+
+        def windows(heights: np.ndarray, widths: np.ndarray) -> np.ndarray:
+            tops, lefts, sides = self.crop.windows(heights, widths)
+            return np.stack([tops, lefts, sides, sides], axis=1)
+
+        done = fill_jpegs(self.reader, records, rows, min_sizes, windows, self.out, mirror[rows], self.fast_idct)
+        self.done[rows[done]] = True
+        mirrored = np.zeros(len(self.done), dtype=bool)
+        mirrored[rows[done]] = mirror[rows[done]]
+        return mirrored
 
     def fill_raw_squares(self) -> None:
         """Crop and resize every raw image of the batch that the compiled kernel takes, in one call
@@ -288,7 +335,8 @@ class _CropFill:
         """Crop and resize image ``k`` into its slot; False if it must take the general route."""
         if self.done[k]:
             return True
-        raw = self.raw[k]
+        raws, jpeg, heights, widths = self.columns
+        raw = raws[k]
         if raw is not None:
             nbytes, side, offset, stride = raw
             if len(view) != nbytes:
@@ -298,21 +346,21 @@ class _CropFill:
                 return True
             np.copyto(np.ndarray((side, side, 3), np.uint8, self.scratch), square)  # one copy, straight from the map
             square = self.flat.as_strided((1, 3, side, side), (side * side * 3, 1, side * 3, 3))
-        elif self.jpeg[k] and view[:3] == JPEG_START:  # only what starts as a JPEG reaches libjpeg-turbo
+        elif jpeg[k] and view[:3] == JPEG_START:  # only what starts as a JPEG reaches libjpeg-turbo
             try:  # sizes from the index, no header call: each call into simplejpeg gives the GIL up and
                 # must win it back, which a training loop holding the GIL makes slow (benchmarks/bench_gil.py).
                 # An image larger than the index says does not fit the buffer: simplejpeg refuses it.
-                min_h, min_w = _decode_size(self.crop, self.heights[k], self.widths[k], 0) or (0, 0)
+                min_h, min_w = _decode_size(self.crop, heights[k], widths[k], 0) or (0, 0)
                 pixels = simplejpeg.decode_jpeg(view, colorspace="RGB", fastdct=self.fast_idct, min_height=min_h,
                                                 min_width=min_w, buffer=self.scratch)
             except DECODE_ERRORS:
                 return False  # the general route decides: PIL, or a clear error naming the record
             height, width = pixels.shape[:2]
-            if not scaled_from(height, width, self.heights[k], self.widths[k]):
+            if not scaled_from(height, width, heights[k], widths[k]):
                 return False  # not the size the index gives: the general route names the record
             top, left, side = self.crop.window(height, width)
             if self.kernel and side != self.crop.size and \
-                    self._resize(self.scratch_at + (top * width + left) * 3, width * 3, side, k):
+                    self._resize(self.scratch.ctypes.data + (top * width + left) * 3, width * 3, side, k):
                 return True
             square = self.flat.as_strided((1, 3, side, side), (height * width * 3, 1, width * 3, 3),
                                           (top * width + left) * 3)

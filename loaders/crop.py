@@ -64,6 +64,20 @@ class CenterCrop:
             return height, width
         return math.ceil(height * scale), math.ceil(width * scale)
 
+    def windows(self, heights: np.ndarray, widths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``window`` for many images at once: (tops, lefts, sides), int64 arrays."""
+        heights, widths = np.asarray(heights, dtype=np.int64), np.asarray(widths, dtype=np.int64)
+        sides = np.maximum(1, (self.ratio * np.minimum(heights, widths)).astype(np.int64))
+        return (heights - sides) // 2, (widths - sides) // 2, sides
+
+    def min_decode_sizes(self, heights: np.ndarray, widths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``min_decode_size`` for many images at once, (0, 0) where the crop enlarges (decode in full)."""
+        heights, widths = np.asarray(heights, dtype=np.int64), np.asarray(widths, dtype=np.int64)
+        scale = np.minimum(1.0, self.size / (self.ratio * np.minimum(heights, widths)))
+        reduce = scale < 1.0
+        return (np.where(reduce, np.ceil(heights * scale), 0).astype(np.int64),
+                np.where(reduce, np.ceil(widths * scale), 0).astype(np.int64))
+
     def into(self, image: np.ndarray, out: torch.Tensor) -> None:
         """Crop and resize HxWx3 uint8 ``image`` into ``out`` (a 3×size×size uint8 tensor view of
         any memory layout, e.g. one slot of a batch)."""
@@ -96,6 +110,31 @@ def scaled_box(box: tuple[int, int, int, int], height: int, width: int, got_heig
     new_top, new_left = min(got_height - 1, int(top * sy + 0.5)), min(got_width - 1, int(left * sx + 0.5))
     bottom, right = min(got_height, int((top + box_h) * sy + 0.5)), min(got_width, int((left + box_w) * sx + 0.5))
     return new_top, new_left, max(1, bottom - new_top), max(1, right - new_left)
+
+
+def scaled_boxes(boxes: np.ndarray, heights: np.ndarray, widths: np.ndarray, got_heights: np.ndarray,
+                 got_widths: np.ndarray) -> np.ndarray:
+    """``scaled_box`` for many boxes at once: ``boxes`` (B×4 top, left, height, width) moved onto
+    their images decoded at ``got_heights`` × ``got_widths``; the same integers, row by row."""
+    boxes = np.asarray(boxes, dtype=np.int64).reshape(-1, 4)
+    heights, widths = np.asarray(heights, dtype=np.int64), np.asarray(widths, dtype=np.int64)
+    got_h, got_w = np.asarray(got_heights, dtype=np.int64), np.asarray(got_widths, dtype=np.int64)
+    top, left, box_h, box_w = boxes.T
+    sy, sx = got_h / heights, got_w / widths
+    new_top = np.minimum(got_h - 1, (top * sy + 0.5).astype(np.int64))
+    new_left = np.minimum(got_w - 1, (left * sx + 0.5).astype(np.int64))
+    bottom = np.minimum(got_h, ((top + box_h) * sy + 0.5).astype(np.int64))
+    right = np.minimum(got_w, ((left + box_w) * sx + 0.5).astype(np.int64))
+    moved = np.stack([new_top, new_left, np.maximum(1, bottom - new_top), np.maximum(1, right - new_left)], axis=1)
+    same = (got_h == heights) & (got_w == widths)
+    return np.where(same[:, None], boxes, moved)
+
+
+def mirror_rows(images: torch.Tensor, mirrored: np.ndarray) -> None:
+    """Mirror the images of ``images`` (B×3×H×W) whose ``mirrored`` entry is True, in place."""
+    if mirrored.any():
+        rows = torch.from_numpy(np.flatnonzero(mirrored))
+        images[rows] = images[rows].flip(3)
 
 
 def crop_box_into(image: np.ndarray, box: tuple[int, int, int, int], out: torch.Tensor) -> None:

@@ -24,7 +24,7 @@ from packload.core.errors import ChecksumError, PackChangedError, PackFormatErro
 from packload.core.format import FORMAT_CODE
 from packload.loaders.batch_fill import RawGather, Replace, fill_decoded
 from packload.loaders.collate import collate_encoded, collate_uint8
-from packload.loaders.crop import CenterCrop
+from packload.loaders.crop import CenterCrop, mirror_rows
 from packload.loaders.decode import DECODE_ERRORS, decode_array, decode_failure, decode_pil, to_output
 from packload.loaders.hints import PackHints
 from packload.loaders.random_crop import Draws, RandomResizedCrop, flip_probability, flips
@@ -166,11 +166,12 @@ class PackedImageFolder(Dataset):
                 if self.on_error == "raise":
                     raise  # else decode record by record below, replacing the damaged ones
                 batch, labels = self._decode_batch(reader, positions, crop, channels_last, pin_memory)
-        else:
-            batch, labels = self._decode_batch(reader, positions, crop, channels_last, pin_memory,
-                                               out if crop is not None else None, fast_idct, draws)
+        else:  # the decode mirrors the images itself (the batch decoder while the slot is in cache)
+            mirror = flips(positions, draws, flip) if flip else None
+            return self._decode_batch(reader, positions, crop, channels_last, pin_memory,
+                                      out if crop is not None else None, fast_idct, draws, mirror)
         if flip:
-            _mirror(batch, flips(positions, draws, flip))
+            mirror_rows(batch, flips(positions, draws, flip))
         return batch, labels
 
     def get_encoded_batch(self, indices: Sequence[int], *,
@@ -206,9 +207,11 @@ class PackedImageFolder(Dataset):
 
     def _decode_batch(self, reader: PackReader, positions: np.ndarray, crop: CenterCrop | RandomResizedCrop | None,
                       channels_last: bool, pin_memory: bool, images: torch.Tensor | None = None,
-                      fast_idct: bool = False, draws: Draws | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      fast_idct: bool = False, draws: Draws | None = None,
+                      mirror: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """A batch decoded (and cropped) record by record, damaged records replaced under ``on_error="skip"``;
-        written into ``images`` when it has the batch's shape and layout, else into a new tensor."""
+        written into ``images`` when it has the batch's shape and layout, else into a new tensor;
+        the slots ``mirror`` marks mirrored."""
         pin = pin_memory and torch.cuda.is_available()
         height, width = self._batch_size_of(reader, positions, crop)
         count = len(positions)
@@ -219,7 +222,7 @@ class PackedImageFolder(Dataset):
         chosen, views = self._payloads(reader, positions)
         chosen = fill_decoded(reader, chosen, views, images, crop=crop, fast_jpeg=self.fast_jpeg,
                               exif_transpose=self.exif_transpose, replace=self._replacer(reader), fast_idct=fast_idct,
-                              draws=draws)
+                              draws=draws, mirror=mirror)
         labels = torch.from_numpy(reader.entries["label"][np.asarray(chosen, dtype=np.int64)].astype(np.int64))
         return images, (labels.pin_memory() if pin else labels)
 
@@ -405,11 +408,3 @@ class PackedImageFolder(Dataset):
     def __repr__(self) -> str:
         return (f"PackedImageFolder({str(self.root)!r}, records={len(self)}, classes={len(self.classes)}, "
                 f"encoding={self.encoding!r}, output={self.output!r})")
-
-
-
-def _mirror(images: torch.Tensor, mirrored: np.ndarray) -> None:
-    """Mirror the images of ``images`` (B×3×H×W) whose ``mirrored`` entry is True, in place."""
-    if mirrored.any():
-        rows = torch.from_numpy(np.flatnonzero(mirrored))
-        images[rows] = images[rows].flip(3)

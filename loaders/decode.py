@@ -76,6 +76,20 @@ def scaled_from(height: int, width: int, stored_height: int, stored_width: int) 
     return any(height == -(-stored_height * n // 8) and width == -(-stored_width * n // 8) for n in range(1, 9))
 
 
+def scaled_sizes(heights: np.ndarray, widths: np.ndarray, min_heights: np.ndarray,
+                 min_widths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The (heights, widths) simplejpeg decodes images of these sizes at, asked for at least
+    ``min_heights`` × ``min_widths`` (0 and 0: full size): the smallest of libjpeg-turbo's scales
+    n/8 (sides rounded up) that gives both, else full size."""
+    heights, widths = np.asarray(heights, dtype=np.int64), np.asarray(widths, dtype=np.int64)
+    min_h = np.minimum(heights, np.asarray(min_heights, dtype=np.int64))
+    min_w = np.minimum(widths, np.asarray(min_widths, dtype=np.int64))
+    # ceil(side * n / 8) >= m  <=>  n >= 8 * (m - 1) // side + 1 (any n when m <= 0)
+    need = np.maximum(8 * (np.maximum(min_h, 1) - 1) // heights, 8 * (np.maximum(min_w, 1) - 1) // widths) + 1
+    n = np.where((min_h > 0) | (min_w > 0), np.minimum(need, 8), 8)
+    return -(-heights * n // 8), -(-widths * n // 8)
+
+
 def _stored_size(size: tuple[int, int], orientation: int) -> tuple[int, int]:
     """(height, width) as stored, for a wanted upright size: orientations 5-8 swap the sides."""
     return (size[1], size[0]) if orientation in (5, 6, 7, 8) else size

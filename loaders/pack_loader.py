@@ -4,7 +4,10 @@ A DataLoader moves every batch from a worker process to the training process thr
 memory and a pipe, and that per-batch cost caps small-image pipelines far below what the disk and
 the CPU could give. ``PackLoader`` builds the same batches in a pool of threads inside the training
 process: raw pixels are gathered straight from the memory map, and JPEG decoding (libjpeg-turbo)
-and resizing (torch) release the GIL, so the threads run in parallel. The order comes from the
+and resizing release the GIL, so the threads run in parallel. Where the compiled batch decoder was
+built (``packload/core/jpeg_kernel.py``), a batch's JPEGs are decoded, cropped and resized in one
+call that gives the GIL up once, so a training loop that holds the GIL much of the time barely slows
+the threads (one image at a time, each would wait for it several times per image). The order comes from the
 dataset's ``PackSampler`` (same seed, same order as the DataLoader path; DDP rank split; mid-epoch
 resume through ``state_dict``).
 

@@ -188,6 +188,15 @@ class RandomResizedCrop:
             return 0, 0
         return math.ceil(height * scale), math.ceil(width * scale)
 
+    def decode_sizes(self, boxes: np.ndarray, heights: np.ndarray, widths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``decode_size`` for many boxes (B×4) at once: (min heights, min widths), 0 for full size."""
+        boxes = np.asarray(boxes, dtype=np.int64).reshape(-1, 4)
+        heights, widths = np.asarray(heights, dtype=np.int64), np.asarray(widths, dtype=np.int64)
+        scale = np.maximum(self.size / boxes[:, 2], self.size / boxes[:, 3])
+        reduce = scale < 1.0 if self.dct_scale else np.zeros(len(boxes), dtype=bool)
+        return (np.where(reduce, np.ceil(heights * scale), 0).astype(np.int64),
+                np.where(reduce, np.ceil(widths * scale), 0).astype(np.int64))
+
     def __call__(self, image: Image.Image | np.ndarray | torch.Tensor, index: int | None = None,
                  draws: Draws | None = None) -> np.ndarray:
         if index is None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from packload.loaders.crop import CenterCrop, interleaved, resize
+from packload.loaders.crop import CenterCrop, interleaved, mirror_rows, resize, scaled_box, scaled_boxes
 from tests.image_factory import textured_rgb
 
 
@@ -69,3 +69,43 @@ def test_resize_is_the_same_through_every_route() -> None:
     resize(square, last)
     resize(square.contiguous(), planar)  # planar in and out: the interpolate fallback
     assert torch.equal(last, want) and torch.equal(planar, want)
+
+
+def _sizes(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.integers(1, 900, count), rng.integers(1, 900, count)
+
+
+@pytest.mark.parametrize("crop", [CenterCrop(224), CenterCrop(24), CenterCrop(160, ratio=1.0), CenterCrop(7, 0.3)])
+def test_windows_and_decode_sizes_for_many_images_are_those_of_each(crop: CenterCrop) -> None:
+    heights, widths = _sizes(500, crop.size)
+    tops, lefts, sides = crop.windows(heights, widths)
+    min_h, min_w = crop.min_decode_sizes(heights, widths)
+    for k, (height, width) in enumerate(zip(heights.tolist(), widths.tolist(), strict=True)):
+        assert (tops[k], lefts[k], sides[k]) == crop.window(height, width)
+        want = crop.min_decode_size(height, width) if crop.decode_scale(height, width) < 1.0 else (0, 0)
+        assert (min_h[k], min_w[k]) == want
+
+
+def test_scaled_boxes_are_scaled_box_row_by_row() -> None:
+    rng = np.random.default_rng(4)
+    heights, widths = _sizes(500, 5)
+    box_h, box_w = rng.integers(1, heights + 1), rng.integers(1, widths + 1)
+    boxes = np.stack([rng.integers(0, heights - box_h + 1), rng.integers(0, widths - box_w + 1), box_h, box_w], 1)
+    n = rng.integers(1, 9, 500)
+    n[:50] = 8  # some decoded in full: the box as it is
+    got_h, got_w = -(-heights * n // 8), -(-widths * n // 8)
+    moved = scaled_boxes(boxes, heights, widths, got_h, got_w)
+    for k in range(500):
+        want = scaled_box(tuple(boxes[k].tolist()), int(heights[k]), int(widths[k]), int(got_h[k]), int(got_w[k]))
+        assert tuple(moved[k].tolist()) == want
+
+
+def test_mirror_rows_mirrors_only_the_marked_images() -> None:
+    images = torch.from_numpy(np.stack([textured_rgb((9, 6), seed) for seed in range(3)])).permute(0, 3, 1, 2)
+    before = images.clone()
+    mirror_rows(images, np.array([True, False, True]))
+    assert torch.equal(images[0], before[0].flip(2)) and torch.equal(images[1], before[1])
+    assert torch.equal(images[2], before[2].flip(2))
+    mirror_rows(images, np.zeros(3, dtype=bool))
+    assert torch.equal(images[1], before[1])

@@ -82,3 +82,20 @@ def test_outputs() -> None:
     tensor = to_output(pixels, "tensor")
     assert tensor.shape == (3, 4, 5) and torch.equal(tensor.permute(1, 2, 0), torch.from_numpy(pixels))
     assert decode.fast_jpeg_available() == (decode.simplejpeg is not None)
+
+
+def test_scaled_sizes_are_simplejpegs_choice() -> None:
+    simplejpeg = pytest.importorskip("simplejpeg", reason="simplejpeg (the dev extra) is the reference")
+    rng = np.random.default_rng(2)
+    for height, width in [(1, 1), (5, 7), (8, 8), (9, 17), (47, 61), (220, 300), (401, 523), (1000, 13)]:
+        buffer = io.BytesIO()
+        Image.fromarray(textured_rgb((width, height), 1)).save(buffer, "JPEG")
+        data = buffer.getvalue()
+        wanted = [(0, 0), (height, width), (height + 5, 1), (1, 1)]
+        wanted += [(int(h), int(w)) for h, w in zip(rng.integers(1, height + 2, 12), rng.integers(1, width + 2, 12),
+                                                   strict=True)]
+        wanted += [(int(h), 0) for h in rng.integers(1, height + 2, 3)] + [(0, int(w)) for w in rng.integers(1, width + 2, 3)]
+        min_h, min_w = np.array([h for h, _ in wanted]), np.array([w for _, w in wanted])
+        got_h, got_w = decode.scaled_sizes(np.full(len(wanted), height), np.full(len(wanted), width), min_h, min_w)
+        for k, (h, w) in enumerate(wanted):
+            assert (got_h[k], got_w[k]) == simplejpeg.decode_jpeg_header(data, min_height=h, min_width=w)[:2], (h, w)

@@ -203,6 +203,22 @@ def test_resize_kernel_reported(monkeypatch):
     assert by_name(software.software_checks())["resize_kernel"]["status"] == "ok"
 
 
+def test_batch_decoder_reported(monkeypatch):
+    from packload.core import jpeg_kernel
+    from packload.diagnose import software
+
+    monkeypatch.setattr(jpeg_kernel, "available", lambda: False)
+    monkeypatch.setattr(jpeg_kernel, "unavailable_reason", lambda: "the compiled batch decoder was not built (it "
+                        "needs libjpeg-turbo's TurboJPEG headers)")
+    check_ = by_name(software.software_checks())["batch_decoder"]
+    assert check_["status"] == "info" and "not built" in check_["message"] and "libturbojpeg0-dev" in check_["fix"]
+    monkeypatch.setattr(jpeg_kernel, "unavailable_reason", lambda: "disabled by jpeg_kernel.set_enabled(False)")
+    check_ = by_name(software.software_checks())["batch_decoder"]
+    assert "disabled" in check_["message"] and not check_["fix"]
+    monkeypatch.setattr(jpeg_kernel, "available", lambda: True)
+    assert by_name(software.software_checks())["batch_decoder"]["status"] == "ok"
+
+
 def test_no_measure_with_a_dataset_does_not_ask_for_one(datasets):
     report = doctor(str(datasets / "images"), measure=False, progress=False)
     assert "give a dataset" not in report["verdict"] and "--no-measure" in report["verdict"]

@@ -64,14 +64,19 @@ def test_the_sources_are_found() -> None:
     assert {"packload.core.format", "packload.packer.pipeline", "packload.loaders.read", "packload.cli"} <= names
 
 
+# the compiled extension modules and the one wrapper that loads each
+COMPILED = {("packload.core.resize_kernel", "packload.core", "_resize"),
+            ("packload.core.jpeg_kernel", "packload.core", "_jpeg_boxes")}
+
+
 @pytest.mark.parametrize("module,path", modules(), ids=[name for name, _ in modules()])
 def test_imports_go_down_the_floors(module: str, path: Path) -> None:
     here = area(module)
     wrong = []
     for line, target, name in imports(path):
         there = area(target)
-        if module == "packload.core.resize_kernel" and (target, name) == ("packload.core", "_resize"):
-            continue  # the compiled kernel, loaded by its wrapper
+        if (module, target, name) in COMPILED:
+            continue  # a compiled module, loaded by its wrapper
         if FLOORS[there] > FLOORS[here] or (here, there) in APART:
             wrong.append(f"{path.relative_to(ROOT)}:{line} imports {target} (floor {there}) from {here}")
         if name and name.startswith("_") and name != "__version__":

@@ -312,4 +312,15 @@ def test_benchmark_runs_and_its_pil_crop_follows_the_algorithm(packs, capsys):
     assert bench_random_crop.main([str(packs["raw"]), "--rounds", "1", "--batch-size", "8", "--cores", "1",
                                    "--json"]) == 0
     result = json.loads(capsys.readouterr().out)["results"][0]
-    assert set(result["contenders"]) == {"packloader", "dataloader-pil", "dataloader-packload"}
+    assert set(result["contenders"]) == {"packloader", "packloader-per-image", "dataloader-pil", "dataloader-packload"}
+
+
+@pytest.mark.parametrize("crop", [RandomResizedCrop(224), RandomResizedCrop(32, dct_scale=False),
+                                  RandomResizedCrop(64, scale=(0.5, 1.0))])
+def test_decode_sizes_for_many_boxes_are_decode_size_of_each(crop: RandomResizedCrop) -> None:
+    rng = np.random.default_rng(crop.size)
+    heights, widths = rng.integers(1, 1200, 400), rng.integers(1, 1200, 400)
+    boxes = crop.boxes(heights, widths, np.arange(400), Draws(seed=1))
+    min_h, min_w = crop.decode_sizes(boxes, heights, widths)
+    for k in range(400):
+        assert (min_h[k], min_w[k]) == crop.decode_size(boxes[k], int(heights[k]), int(widths[k]))

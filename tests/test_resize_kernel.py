@@ -179,3 +179,30 @@ def test_more_sizes_than_the_weights_cache_keeps(monkeypatch) -> None:
     sides = np.array([40, 50])
     assert not resize_kernel.resize_squares(np.array([image.ctypes.data] * 2, np.uint64), np.array([510, 510]), sides,
                                             np.array([out.ctypes.data, out[1].ctypes.data], np.uint64), 96, 32)
+
+
+@needs_kernel
+def test_regions_applicable_says_what_resize_region_takes() -> None:
+    image = natural(80, 80, 3)
+    out = np.zeros((16, 16, 3), dtype=np.uint8)
+    heights, widths = np.array([1, 2, 30, 32, 33, 5, 6, 40]), np.array([9, 9, 30, 32, 20, 5, 6, 33])
+    applicable = resize_kernel.regions_applicable(heights, widths, 16, 16)
+    for k, (height, width) in enumerate(zip(heights.tolist(), widths.tolist(), strict=True)):
+        done = resize_kernel.resize_region(image.ctypes.data, image.strides[0], height, width, out.ctypes.data,
+                                           out.strides[0], 16, 16)
+        assert done == applicable[k], (height, width)
+
+
+@needs_kernel
+def test_weights_for_sizes_and_the_entry_point_for_native_callers() -> None:
+    handles = resize_kernel.weights_for_sizes(np.array([30, 16, 30, 40]), 16)
+    assert handles is not None and handles.dtype == np.uint64
+    assert handles[1] == 0 and handles[0] == handles[2] != 0 and handles[3] not in (0, handles[0])
+    assert resize_kernel.resize_entry() != 0
+    assert resize_kernel.scratch_bytes(40, 16) >= 40 * 16 * 3
+    resize_kernel.set_enabled(False)
+    try:
+        assert resize_kernel.weights_for_sizes(np.array([30]), 16) is None
+        assert resize_kernel.resize_entry() == 0 and resize_kernel.scratch_bytes(40, 16) == 0
+    finally:
+        resize_kernel.set_enabled(True)

@@ -125,6 +125,45 @@ def resize_region(source: int, source_row_bytes: int, height: int, width: int, d
     return True
 
 
+def regions_applicable(heights: np.ndarray, widths: np.ndarray, out_height: int, out_width: int) -> np.ndarray:
+    """Which regions of these sizes ``resize_region`` takes (its rules, for many regions at once)."""
+    return (widths * 3 >= _MIN_ROW_BYTES) & (heights >= 2) & (widths <= _MAX_SHRINK * out_width) \
+        & (heights <= _MAX_SHRINK * out_height)
+
+
+def weights_for_sizes(sizes_in: np.ndarray, size_out: int) -> np.ndarray | None:
+    """The kernel's weights handles (uint64; 0 where a size is ``size_out`` already) for resampling
+    each of ``sizes_in`` to ``size_out``, as ``resize_entry``'s function takes them; None where the
+    kernel is not available or the sizes do not all fit its weights cache."""
+    if _lib is None:
+        return None
+    handles = []
+    for size in np.asarray(sizes_in).tolist():  # a dict look-up each (batches are small)
+        handle = _weights.get((size, size_out)) if size != size_out else 0
+        if handle is None:
+            handle = _weights_for(size, size_out)
+            if (size, size_out) not in _weights:  # the cache is full: not kept
+                _lib.rs_weights_free(handle)
+                return None
+        handles.append(handle)
+    return np.array(handles, dtype=np.uint64)
+
+
+def resize_entry() -> int:
+    """The address of the kernel's C function ``rs_resize`` (0 where it is not available): for
+    native code that resizes many images in one call, with the weights of ``weights_for_sizes``."""
+    if _lib is None:
+        return 0
+    return ctypes.cast(_lib.rs_resize, ctypes.c_void_p).value or 0
+
+
+def scratch_bytes(height: int, out_width: int) -> int:
+    """Bytes of scratch the kernel needs to resize ``height`` rows to ``out_width`` columns."""
+    if _lib is None:
+        return 0
+    return int(_lib.rs_scratch_bytes(height, out_width))
+
+
 def squares_applicable(sides: np.ndarray, out_size: int) -> np.ndarray:
     """Which squares of these sides ``resize_squares`` takes (the rest: ``resize_region``'s rules)."""
     return (sides * 3 >= _MIN_ROW_BYTES) & (sides >= 2) & (sides <= _MAX_SHRINK * out_size)
@@ -141,13 +180,9 @@ def resize_squares(sources: np.ndarray, source_row_bytes: np.ndarray, sides: np.
     if _lib is None or not count:
         return _lib is not None
     sides = np.ascontiguousarray(sides, dtype=np.int32)
-    handles = np.zeros(count, dtype=np.uint64)
-    for side in np.unique(sides).tolist():
-        handle = _weights_for(side, out_size)
-        if handle is not None and (side, out_size) not in _weights:
-            _lib.rs_weights_free(handle)
-            return False
-        handles[sides == side] = handle or 0
+    handles = weights_for_sizes(sides, out_size)
+    if handles is None:
+        return False
     scratch = _scratch_for(int(sides.max()), out_size)
     sources = np.ascontiguousarray(sources, dtype=np.uint64)
     rows = np.ascontiguousarray(source_row_bytes, dtype=np.int64)

@@ -1,15 +1,17 @@
 """What packload's speed-ups are doing here: the fast JPEG decoder (simplejpeg, a dependency that a
-platform without its wheel may lack) and the compiled resize kernel. ``doctor`` reports both, and
-recommends installing the decoder only where it is missing."""
+platform without its wheel may lack), the compiled resize kernel and the compiled batch decoder.
+``doctor`` reports them, and recommends installing the decoder only where it is missing."""
 
 from __future__ import annotations
 
 import importlib.util
 
-from packload.core import resize_kernel
+from packload.core import jpeg_kernel, resize_kernel
 from packload.diagnose.checks import Check, check
 
 FAST_EXTRA = "pip install simplejpeg (a dependency of packload that is missing here)"
+BATCH_DECODER_FIX = ("install libjpeg-turbo's TurboJPEG headers (Debian/Ubuntu: apt-get install libturbojpeg0-dev), "
+                     "then reinstall packload: pip install -e .")
 
 
 def fast_decoder_installed() -> bool:
@@ -37,4 +39,17 @@ def software_checks() -> list[Check]:
                             "install a C compiler (gcc), then reinstall packload: pip install -e ."))
     else:
         checks.append(check("resize_kernel", "info", f"compiled resize kernel not in use: {reason}"))
+    checks.append(batch_decoder_check())
     return checks
+
+
+def batch_decoder_check() -> Check:
+    """The compiled batch decoder: in use, or why not (and how to build it where it was not)."""
+    if jpeg_kernel.available():
+        return check("batch_decoder", "ok", "compiled batch decoder built and in use: PackLoader decodes a batch's "
+                     "JPEGs in one call, giving the GIL up once per batch")
+    reason = jpeg_kernel.unavailable_reason() or "unknown"
+    if "not built" in reason or "cannot load" in reason:
+        return check("batch_decoder", "info", f"compiled batch decoder not in use: {reason}; PackLoader decodes JPEGs "
+                     "one at a time (the same pixels; slower while a training loop holds the GIL)", BATCH_DECODER_FIX)
+    return check("batch_decoder", "info", f"compiled batch decoder not in use: {reason}")

@@ -1,0 +1,74 @@
+"""A batch's JPEG records decoded, cropped, resized and mirrored in one native call (one GIL release).
+
+The JPEG half of ``batch_fill._CropFill`` and ``box_fill.BoxFill``: everything about the batch is
+worked out in NumPy first, from the pack's index (each payload's address in the memory map, the
+size simplejpeg would decode it at, the box in the decoded image, the slot it goes to), and then
+``packload.core.jpeg_kernel.decode_boxes`` does every record without coming back to Python. The
+pixels are those of the one-by-one route (simplejpeg's decode, the resize kernel's resampling,
+the same mirror). Records it leaves (boxes the resize kernel does not take, payloads that are not
+plain JPEGs of the index's size) are marked not done, and the caller takes them one by one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from packload.core import jpeg_kernel, resize_kernel
+from packload.loaders.decode import scaled_sizes
+from packload.loaders.prefetch import distinct
+from packload.loaders.read import PackReader
+
+# (decoded heights, decoded widths) -> boxes (B×4: top, left, height, width) in the decoded images
+Boxes = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+def payload_addresses(reader: PackReader, records: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(addresses, lengths) of the records' payloads in the pack's memory maps (uint64), from the
+    index: the same bytes ``reader.payloads`` gives views of (every entry was checked to lie inside
+    its part when the pack was opened)."""
+    entries = reader.entries
+    parts = entries["part"][records].astype(np.int64)
+    offsets = entries["payload_offset"][records].astype(np.uint64)
+    lengths = entries["payload_len"][records].astype(np.uint64)
+    if len(parts) and (parts == parts[0]).all():  # the common case: one shard or chunk
+        return np.uint64(np.frombuffer(reader.part_view(int(parts[0])), np.uint8).ctypes.data) + offsets, lengths
+    unique_parts = distinct(parts)
+    bases = np.array([np.frombuffer(reader.part_view(part), np.uint8).ctypes.data for part in unique_parts.tolist()],
+                     dtype=np.uint64)
+    return bases[np.searchsorted(unique_parts, parts)] + offsets, lengths
+
+
+def fill_jpegs(reader: PackReader, records: np.ndarray, rows: np.ndarray, min_sizes: tuple[np.ndarray, np.ndarray],
+               boxes_of: Boxes, out: torch.Tensor, mirror: np.ndarray, fast_idct: bool,
+               raw: np.ndarray | None = None) -> np.ndarray:
+    """Decode records ``records`` (JPEGs by the index, or raw pixels where ``raw``) into slots
+    ``rows`` of ``out`` (a channels-last B×3×S×S uint8 batch), each decoded at simplejpeg's size for
+    ``min_sizes`` (min heights, min widths; 0: full size; raw records: always full size), cropped to
+    the box ``boxes_of`` gives for that size, resized to S × S and mirrored where ``mirror`` (per
+    row). Returns which of ``rows`` were done (all False where the compiled decoder is not available)."""
+    count = len(rows)
+    done = np.zeros(count, dtype=bool)
+    if not count or not jpeg_kernel.available():
+        return done
+    size = out.shape[2]
+    entries = reader.entries
+    heights, widths = entries["height"][records].astype(np.int64), entries["width"][records].astype(np.int64)
+    raw = np.zeros(count, dtype=bool) if raw is None else np.asarray(raw, dtype=bool)
+    min_h, min_w = (np.where(raw, 0, sizes) for sizes in min_sizes)
+    got_h, got_w = scaled_sizes(heights, widths, min_h, min_w)
+    boxes = np.asarray(boxes_of(got_h, got_w), dtype=np.int64).reshape(-1, 4)
+    box_h, box_w = boxes[:, 2], boxes[:, 3]
+    take = resize_kernel.regions_applicable(box_h, box_w, size, size) | ((box_h == size) & (box_w == size))
+    if not take.any():
+        return done
+    picked = np.flatnonzero(take)
+    addresses, lengths = payload_addresses(reader, records[picked])
+    geometry = np.stack([heights[picked], widths[picked], got_h[picked], got_w[picked], boxes[picked, 0],
+                         boxes[picked, 1], box_h[picked], box_w[picked]], axis=1)
+    dests = np.uint64(out.data_ptr()) + rows[picked].astype(np.uint64) * np.uint64(out.stride(0))
+    done[picked] = jpeg_kernel.decode_boxes(addresses, lengths, geometry, mirror[picked], dests, out.stride(2), size,
+                                            fast_idct, raw[picked])
+    return done
