@@ -253,3 +253,39 @@ def open_filesystem(url: str, storage_options: dict[str, Any] | None = None) -> 
         raise UsageError(f"{url}: not a URL fsspec knows ({exc}); give s3://bucket/path, gs://bucket/path, "
                          "https://... or a local path") from None
     return fs, path.rstrip("/")
+
+
+def download_pack(url: str, folder: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> str:
+    """Copy the whole pack at ``url`` into ``folder`` (each object by ranged requests in flight at
+    once; a shards pack's manifest last) and return the local pack's path, for the commands that
+    read every byte anyway (``verify``, ``unpack``, ``merge``)."""
+    from packload.core.errors import IncompletePackError  # noqa: PLC0415 - beside its only use
+    from packload.core.format import INDEX_NAME, MANIFEST_NAME, shard_number  # noqa: PLC0415
+
+    store = RemoteStore(url, storage_options)
+    name = store.url.rsplit("/", 1)[-1] or "pack"
+    kind = store.kind()
+    if kind is None:
+        store.check_bucket()
+        raise RemoteMissingError(f"{url}: no such pack (nothing is stored under it); give the URL `pack` wrote to")
+    target = os.path.join(os.fspath(folder), name)
+    if kind == "object":
+        _download_to(store, "", store.size(), target)
+        return target
+    listing = store.listing()
+    if MANIFEST_NAME not in listing:
+        raise IncompletePackError(f"{url}: no {MANIFEST_NAME}: this pack did not finish (or is being written now); "
+                                  "pack it again, or wait for the pack to finish")
+    os.mkdir(target)
+    wanted = sorted(n for n in listing if shard_number(n) is not None or n == INDEX_NAME) + [MANIFEST_NAME]
+    for item in wanted:
+        _download_to(store, item, listing[item], os.path.join(target, item))
+    return target
+
+
+def _download_to(store: RemoteStore, name: str, size: int, path: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        store.download(name, size, fd)
+    finally:
+        os.close(fd)
