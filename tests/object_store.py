@@ -141,7 +141,11 @@ class ObjectStore:
         return s3fs.S3FileSystem(**self.options)
 
     def make_bucket(self, name: str) -> None:
-        self.filesystem().mkdir(name)
+        """Create bucket ``name`` (moto keeps one store per process: another server may have made it)."""
+        try:
+            self.filesystem().mkdir(name)
+        except FileExistsError:
+            pass
 
     def close(self) -> None:
         self.proxy.close()

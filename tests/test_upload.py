@@ -25,7 +25,7 @@ SHARD = 1 << 16
 @pytest.fixture(scope="module")
 def store():
     with ObjectStore() as s:
-        s.make_bucket("bkt")
+        s.make_bucket("upl")
         yield s
 
 
@@ -61,14 +61,14 @@ def _records(path, **kw):
 def test_pack_to_s3_reads_back_equal_to_the_local_pack(env, images, tmp_path, capsys, name):
     local = tmp_path / name
     _run(capsys, ["pack", str(images), str(local), "--shard-size", "64K", "--quiet"])
-    url = f"s3://bkt/{tmp_path.name}/{name}"
+    url = f"s3://upl/{tmp_path.name}/{name}"
     out, _ = _run(capsys, ["pack", str(images), url, "--shard-size", "64K", "--json"])
     summary = json.loads(out)
     assert summary["destination"] == url and summary["records"] == 36 and summary["pack_bytes"] > 0
     assert _records(url) == _records(local)
     info = json.loads(_run(capsys, ["info", url, "--json"])[0])
     assert info["records"] == 36 and info["classes"] == ["ant", "bee", "cow"]
-    assert info["pack_bytes"] == summary["pack_bytes"] - (len(env.filesystem().cat(f"bkt/{tmp_path.name}/{name}/manifest.json"))
+    assert info["pack_bytes"] == summary["pack_bytes"] - (len(env.filesystem().cat(f"upl/{tmp_path.name}/{name}/manifest.json"))
                                                           if name.endswith(".shards") else 0)
     report = json.loads(_run(capsys, ["verify", url, "--json"])[0])
     assert report["ok"] and report["path"] == url
@@ -88,9 +88,9 @@ def test_shards_leave_staging_as_they_are_uploaded(env, images, tmp_path, monkey
     monkeypatch.setattr(upload.ShardUploader, "_send", counting)
     staging = tmp_path / "staging"
     staging.mkdir()
-    url = f"s3://bkt/{tmp_path.name}/s.shards"
+    url = f"s3://upl/{tmp_path.name}/s.shards"
     pack_to_url(images, url, shard_size=SHARD, progress=False, staging_dir=staging)
-    listing = env.filesystem().ls(f"bkt/{tmp_path.name}/s.shards")
+    listing = env.filesystem().ls(f"upl/{tmp_path.name}/s.shards")
     shards = [p for p in listing if "/shard-" in p]
     assert len(shards) == len(staged_counts) >= 2
     assert max(staged_counts) <= upload.IN_FLIGHT + 1  # never the whole pack waiting locally
@@ -101,10 +101,10 @@ def test_failed_pack_to_s3_leaves_no_manifest(env, images, tmp_path, monkeypatch
     def stop(*args):
         raise KeyboardInterrupt  # killed just before the end
     monkeypatch.setattr(pipeline, "_publish", stop)
-    url = f"s3://bkt/{tmp_path.name}/k.shards"
+    url = f"s3://upl/{tmp_path.name}/k.shards"
     with pytest.raises(KeyboardInterrupt):
         pack_to_url(images, url, shard_size=SHARD, progress=False)
-    names = [p.rsplit("/", 1)[-1] for p in env.filesystem().ls(f"bkt/{tmp_path.name}/k.shards")]
+    names = [p.rsplit("/", 1)[-1] for p in env.filesystem().ls(f"upl/{tmp_path.name}/k.shards")]
     assert any(n.startswith("shard-") for n in names) and "manifest.json" not in names
     with pytest.raises(IncompletePackError, match="did not finish"):
         PackReader(url)
@@ -127,23 +127,23 @@ def test_failed_upload_is_one_line_and_leaves_no_manifest(env, images, tmp_path,
         real(self, local, name)
 
     monkeypatch.setattr(upload.RemoteStore, "upload", failing)
-    url = f"s3://bkt/{tmp_path.name}/f.shards"
+    url = f"s3://upl/{tmp_path.name}/f.shards"
     with pytest.raises(WriteError, match="did not answer"):
         pack_to_url(images, url, shard_size=SHARD, progress=False)
-    names = [p.rsplit("/", 1)[-1] for p in env.filesystem().ls(f"bkt/{tmp_path.name}/f.shards")]
+    names = [p.rsplit("/", 1)[-1] for p in env.filesystem().ls(f"upl/{tmp_path.name}/f.shards")]
     assert "manifest.json" not in names and "index.bin" not in names
 
 
 def test_pack_refuses_missing_bucket_existing_pack_and_strangers(env, images, tmp_path, capsys):
     _, err = _run(capsys, ["pack", str(images), "s3://no-such-bucket/x.shards", "--quiet"], expect=1)
     assert "bucket does not exist" in err and err.count("\n") == 1
-    url = f"s3://bkt/{tmp_path.name}/e.shards"
+    url = f"s3://upl/{tmp_path.name}/e.shards"
     _run(capsys, ["pack", str(images), url, "--quiet"])
     _, err = _run(capsys, ["pack", str(images), url, "--quiet"], expect=2)
     assert "a pack is there" in err and "--overwrite" in err
-    env.filesystem().pipe_file(f"bkt/{tmp_path.name}/mine/notes.txt", b"keep me")
-    _, err = _run(capsys, ["pack", str(images), f"s3://bkt/{tmp_path.name}/mine", "--quiet", "--overwrite"], expect=2)
-    assert "not a pack's" in err and env.filesystem().cat(f"bkt/{tmp_path.name}/mine/notes.txt") == b"keep me"
+    env.filesystem().pipe_file(f"upl/{tmp_path.name}/mine/notes.txt", b"keep me")
+    _, err = _run(capsys, ["pack", str(images), f"s3://upl/{tmp_path.name}/mine", "--quiet", "--overwrite"], expect=2)
+    assert "not a pack's" in err and env.filesystem().cat(f"upl/{tmp_path.name}/mine/notes.txt") == b"keep me"
     _, err = _run(capsys, ["pack", str(images), url, "--engine", "ray", "--overwrite"], expect=2)
     assert "--engine local" in err
     _, err = _run(capsys, ["pack", str(images), url, "--resume"], expect=2)
@@ -151,7 +151,7 @@ def test_pack_refuses_missing_bucket_existing_pack_and_strangers(env, images, tm
 
 
 def test_merge_from_and_to_urls(env, images, tmp_path, capsys):
-    base = f"s3://bkt/{tmp_path.name}"
+    base = f"s3://upl/{tmp_path.name}"
     _run(capsys, ["pack", str(images), f"{base}/one.shards", "--quiet", "--shard-size", "64K"])
     _run(capsys, ["pack", str(images), str(tmp_path / "two.lmdb"), "--quiet"])
     summary = json.loads(_run(capsys, ["merge", f"{base}/both.shards", f"{base}/one.shards",
@@ -164,10 +164,10 @@ def test_merge_from_and_to_urls(env, images, tmp_path, capsys):
 
 
 def test_verify_finds_a_damaged_shard_at_a_url(env, images, tmp_path, capsys):
-    url = f"s3://bkt/{tmp_path.name}/d.shards"
+    url = f"s3://upl/{tmp_path.name}/d.shards"
     _run(capsys, ["pack", str(images), url, "--quiet", "--shard-size", "64K"])
     fs = env.filesystem()
-    key = f"bkt/{tmp_path.name}/d.shards/shard-00001.bin"
+    key = f"upl/{tmp_path.name}/d.shards/shard-00001.bin"
     data = bytearray(fs.cat(key))
     data[-3] ^= 0x55
     fs.pipe_file(key, bytes(data))
