@@ -23,6 +23,7 @@ from typing import Any
 # moto's server accepts any key; botocore must find one, and must not ask a cloud's metadata service.
 FAKE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                     "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+_RELAY_PIECE = 1 << 20  # bytes relayed per write
 _HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection"}
 
 
@@ -92,28 +93,48 @@ class CountingProxy:
         try:
             upstream.request(method, path, body=body, headers=headers)
             answer = upstream.getresponse()
-            data = answer.read()
+            size = answer.getheader("Content-Length")
+            if method == "HEAD" or size is None:  # no length to stream by: the whole answer first
+                data: bytes | None = answer.read()
+                size = answer.getheader("Content-Length", "0") if method == "HEAD" else str(len(data))
+            else:
+                data = None  # streamed below, as it arrives
+            cut = self._should_cut(method, path) and int(size) > 1 and method != "HEAD"
+            handler.send_response(answer.status, answer.reason)
+            for key, value in answer.getheaders():
+                if key.lower() not in _HOP_HEADERS and key.lower() != "content-length":
+                    handler.send_header(key, value)
+            # A HEAD answer's length is the object's, not its (empty) body's.
+            handler.send_header("Content-Length", size)
+            if cut:
+                handler.send_header("Connection", "close")
+            handler.end_headers()
+            if method == "HEAD":
+                return
+            self._relay(handler, answer, data, int(size) // 2 if cut else int(size))
         finally:
             upstream.close()
-        cut = self._should_cut(method, path) and len(data) > 1
-        handler.send_response(answer.status, answer.reason)
-        for key, value in answer.getheaders():
-            if key.lower() not in _HOP_HEADERS and key.lower() != "content-length":
-                handler.send_header(key, value)
-        # A HEAD answer's length is the object's, not its (empty) body's.
-        handler.send_header("Content-Length", answer.getheader("Content-Length", "0") if method == "HEAD" else str(len(data)))
-        if cut:
-            handler.send_header("Connection", "close")
-        handler.end_headers()
-        if method == "HEAD":
-            return
-        if cut:  # half the body, then the connection goes away
-            handler.wfile.write(data[: len(data) // 2])
+        if cut:  # half the body went out: now the connection goes away
             handler.wfile.flush()
             handler.connection.shutdown(socket.SHUT_RDWR)
             handler.close_connection = True
+
+    @staticmethod
+    def _relay(handler: BaseHTTPRequestHandler, answer: http.client.HTTPResponse, data: bytes | None,
+               count: int) -> None:
+        """Write the first ``count`` bytes of the answer's body to the client, in large pieces as they
+        arrive from upstream (so the proxy adds little but its delay)."""
+        if data is not None:
+            handler.wfile.write(data[:count])
             return
-        handler.wfile.write(data)
+        piece = bytearray(_RELAY_PIECE)
+        view = memoryview(piece)
+        while count > 0:
+            got = answer.readinto(view[: min(count, _RELAY_PIECE)])
+            if not got:
+                break
+            handler.wfile.write(view[:got])
+            count -= got
 
     def close(self) -> None:
         self.server.shutdown()
