@@ -14,7 +14,7 @@ import errno
 import os
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
@@ -205,11 +205,13 @@ _publish = publish
 def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: str | None = None,
          options: EncodeOptions | None = None, workers: int | None = None,
          shard_size: int = DEFAULT_SHARD_SIZE, overwrite: bool = False, resume: bool = False,
-         strict: bool = False, progress: bool = True, checkpoint_every: int | None = None) -> dict[str, Any]:
+         strict: bool = False, progress: bool = True, checkpoint_every: int | None = None,
+         shard_sink: Callable[[Path], None] | None = None) -> dict[str, Any]:
     """Pack the ImageFolder tree ``src`` into ``dst`` (an LMDB file or a shards folder).
 
     Files that fail their check are skipped and listed in the manifest (``strict=True`` makes the
-    first one an error). Progress is made durable for ``resume`` every few seconds, and also every
+    first one an error). ``shard_sink`` takes each finished shard away (``packer.upload``; shards
+    backend only, no ``resume``). Progress is made durable for ``resume`` every few seconds, and also every
     ``checkpoint_every`` files when given. ``overwrite`` replaces only a pack (``packer.destination``);
     another command writing ``dst`` at the same time is refused. Returns a summary: counts, sizes,
     time and rates.
@@ -237,6 +239,8 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: s
         if options.size is not None:
             options_record["size"] = list(options.size)
         writer, start, skipped = _open_writer(scan, tmp, backend, shard_size, options_record, overwrite, resume)
+        if shard_sink is not None and isinstance(writer, ShardsWriter):
+            writer.shard_sink = shard_sink
         manifest = _write_or_keep(scan, writer, start, skipped, options, options_record, workers, strict,
                                   progress, checkpoint_every, dst_path, tmp)
         _publish(tmp, dst_path)

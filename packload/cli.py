@@ -31,6 +31,7 @@ from packload.cli_parser import (
 )
 from packload.core.display import json_text, safe_lines
 from packload.core.errors import PackloadError, UsageError
+from packload.core.remote import is_url
 from packload.core.version import __version__
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -83,7 +84,8 @@ def _add_pack(sub: Any) -> None:
 def add_pack_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of ``pack`` (shared by ``packload pack`` and the ``pack`` command)."""
     p.add_argument("src", help="folder of images, one sub-folder per class")
-    p.add_argument("dst", help="DEST.lmdb for one LMDB file, any other name for a shards folder")
+    p.add_argument("dst", help="DEST.lmdb for one LMDB file, any other name for a shards folder; or a URL "
+                                "(s3://bucket/train.shards: shards uploaded as they are written)")
     p.add_argument("--format", choices=("lmdb", "shards"), help="override the backend the suffix picks")
     p.add_argument("--encoding", choices=("keep", "jpeg", "png", "raw"), default="keep",
                    help="keep: original bytes (default); jpeg/png: re-encode; raw: decoded pixels")
@@ -146,13 +148,19 @@ def run_pack(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if args.engine == "ray":
+        if is_url(args.dst):
+            raise UsageError(f"{args.dst}: --engine ray writes to storage every node sees, not yet to a URL; "
+                             "pack with --engine local, or to a shared folder")
         result = _pack_with_ray(args, options)
     else:
         if args.ray_address or args.task_files is not None:
             raise UsageError("--ray-address and --task-files apply to --engine ray; add --engine ray")
-        result = pack(args.src, args.dst, backend=args.format, options=options, workers=args.workers,
-                      shard_size=args.shard_size, overwrite=args.overwrite, resume=args.resume,
-                      strict=args.strict, progress=not (args.quiet or args.json))
+        write = pack
+        if is_url(args.dst):  # shards uploaded as they are finished, the manifest last
+            from packload.packer.upload import pack_to_url as write
+        result = write(args.src, args.dst, backend=args.format, options=options, workers=args.workers,
+                       shard_size=args.shard_size, overwrite=args.overwrite, resume=args.resume,
+                       strict=args.strict, progress=not (args.quiet or args.json))
     lines = [pack_summary(result)]
     if result["skipped"] or result["ignored"]:
         lines.append(f"skipped {result['skipped']} broken file(s), left out {result['ignored']} other file(s); "
