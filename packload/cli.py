@@ -83,7 +83,8 @@ def _add_pack(sub: Any) -> None:
 
 def add_pack_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of ``pack`` (shared by ``packload pack`` and the ``pack`` command)."""
-    p.add_argument("src", help="folder of images, one sub-folder per class")
+    p.add_argument("src", help="folder of images, one sub-folder per class; or, with --engine ray, a URL "
+                               "(s3://bucket/images/)")
     p.add_argument("dst", help="DEST.lmdb for one LMDB file, any other name for a shards folder; or a URL "
                                 "(s3://bucket/train.shards: shards uploaded as they are written)")
     p.add_argument("--format", choices=("lmdb", "shards"), help="override the backend the suffix picks")
@@ -102,7 +103,7 @@ def add_pack_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strict", action="store_true", help="stop at the first file that cannot be packed")
     p.add_argument("--engine", choices=("local", "ray"), default="local",
                    help="local: worker processes on this machine (default); ray: Ray tasks, on a cluster with "
-                        "--ray-address (source and destination on storage every node sees)")
+                        "--ray-address (source and destination on storage every node sees, or URLs)")
     p.add_argument("--ray-address", metavar="ADDR",
                    help="Ray cluster to use with --engine ray ('auto': the running one; default: start a local one)")
     p.add_argument("--task-files", type=int, metavar="N",
@@ -148,13 +149,13 @@ def run_pack(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if args.engine == "ray":
-        if is_url(args.dst):
-            raise UsageError(f"{args.dst}: --engine ray writes to storage every node sees, not yet to a URL; "
-                             "pack with --engine local, or to a shared folder")
         result = _pack_with_ray(args, options)
     else:
         if args.ray_address or args.task_files is not None:
             raise UsageError("--ray-address and --task-files apply to --engine ray; add --engine ray")
+        if is_url(args.src):
+            raise UsageError(f"{args.src}: a source at a URL is packed with --engine ray (its tasks fetch the "
+                             "objects); add --engine ray, or copy the images to a local folder first")
         write = pack
         if is_url(args.dst):  # shards uploaded as they are finished, the manifest last
             from packload.packer.upload import pack_to_url as write

@@ -172,6 +172,31 @@ class RemoteStore:
                     for item in found if item.get("type") != "directory"}
         return retried(ls, self.url)
 
+    def listing_all(self) -> dict[str, int]:
+        """Every object under this prefix, at any depth: key relative to the prefix -> size (folder
+        markers, keys ending in ``/``, left out)."""
+        def find() -> dict[str, int]:
+            root = self.full()
+            self.fs.invalidate_cache(root)
+            try:
+                found = self.fs.find(root, detail=True)
+            except FileNotFoundError:
+                return {}
+            cut = len(root) + 1
+            return {path[cut:]: int(item.get("size") or 0) for path, item in found.items()
+                    if item.get("type") != "directory" and not path.endswith("/") and len(path) > cut}
+        return retried(find, self.url)
+
+    def read_object(self, name: str) -> bytes:
+        """The whole of the (small) object ``name``, in one request."""
+        return retried(lambda: bytes(self.fs.cat_file(self.full(name))), self.url_of(name))
+
+    def copy_to(self, name: str, target: RemoteStore, target_name: str) -> None:
+        """Copy object ``name`` to ``target_name`` under ``target`` (on the same store) by the store's
+        own server-side copy: the bytes never pass through this machine."""
+        retried(lambda: self.fs.copy(self.full(name), target.full(target_name)), target.url_of(target_name),
+                writing=True)
+
     def read_range(self, name: str, start: int, stop: int) -> bytes:
         """Bytes ``start:stop`` of object ``name``, exactly (a short answer is retried)."""
         def read() -> bytes:
