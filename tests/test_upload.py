@@ -144,8 +144,9 @@ def test_pack_refuses_missing_bucket_existing_pack_and_strangers(env, images, tm
     env.filesystem().pipe_file(f"upl/{tmp_path.name}/mine/notes.txt", b"keep me")
     _, err = _run(capsys, ["pack", str(images), f"s3://upl/{tmp_path.name}/mine", "--quiet", "--overwrite"], expect=2)
     assert "not a pack's" in err and env.filesystem().cat(f"upl/{tmp_path.name}/mine/notes.txt") == b"keep me"
-    _, err = _run(capsys, ["pack", str(images), url, "--engine", "ray", "--overwrite"], expect=2)
-    assert "--engine local" in err
+    _, err = _run(capsys, ["pack", str(images), f"s3://upl/{tmp_path.name}/mine", "--engine", "ray", "--overwrite"],
+                  expect=2)  # the Ray engine refuses the same, before it starts Ray
+    assert "not a pack's" in err and env.filesystem().cat(f"upl/{tmp_path.name}/mine/notes.txt") == b"keep me"
     _, err = _run(capsys, ["pack", str(images), url, "--resume"], expect=2)
     assert "--resume does not apply" in err
 
