@@ -28,6 +28,7 @@ from packload.core.errors import PackFormatError, SkippedFileError, UsageError, 
 from packload.core.format import RAY_RUN_NAME, RecordMeta, pack_size
 from packload.core.manifest import build_manifest, ignored_count, skipped_count
 from packload.core.progress import progress_bar
+from packload.core.remote import is_url
 from packload.core.scan import Sample, ScanResult, printable, scan_folder
 from packload.core.threads import single_core_torch_pool
 from packload.core.workers import process_pool
@@ -343,13 +344,14 @@ def _write_or_keep(scan: ScanResult, writer: ShardsWriter | LmdbWriter, start: i
         raise
 
 
-def write_or_skip(item: Encoded | Skipped, pos: int, root: Path, writer: ShardsWriter | LmdbWriter,
+def write_or_skip(item: Encoded | Skipped, pos: int, root: str | Path, writer: ShardsWriter | LmdbWriter,
                   skipped: list[dict[str, Any]], strict: bool) -> int:
     """Write an encoded record, or list a skipped file (an error under ``strict``); returns the source
-    bytes written."""
+    bytes written. ``root``: the source folder, or its URL."""
     if isinstance(item, Skipped):
         if strict:
-            raise SkippedFileError(f"{root / item.path}: {item.reason}; fix or remove the file, "
+            where = f"{str(root).rstrip('/')}/{item.path}" if is_url(root) else Path(root) / item.path
+            raise SkippedFileError(f"{where}: {item.reason}; fix or remove the file, "
                                    "or pack without --strict to skip it and list it in the manifest")
         skipped.append({"path": item.path, "reason": item.reason, "pos": pos})
         return 0

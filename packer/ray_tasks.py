@@ -107,7 +107,7 @@ def write_range(items: Iterator[Encoded | Skipped], root: str, first_pos: int, c
     source_bytes = 0
     try:
         for pos, item in enumerate(items, first_pos):
-            source_bytes += write_or_skip(item, pos, Path(root), writer, skipped, strict)
+            source_bytes += write_or_skip(item, pos, root, writer, skipped, strict)
         # A task folder is a small pack of its own (its manifest is replaced by the driver's).
         writer.finish(build_manifest(backend="shards", encoding=options.encoding, source={}, labelled=True,
                                      classes=classes, labels=writer.index.labels(),
