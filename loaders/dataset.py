@@ -22,6 +22,7 @@ from torch.utils.data import Dataset
 
 from packload.core.errors import ChecksumError, PackChangedError, PackFormatError, UsageError
 from packload.core.format import FORMAT_CODE
+from packload.core.remote import is_url
 from packload.loaders.batch_fill import RawGather, Replace, fill_decoded
 from packload.loaders.collate import collate_encoded, collate_uint8
 from packload.loaders.crop import CenterCrop, mirror_rows
@@ -60,18 +61,27 @@ class PackedImageFolder(Dataset):
         source_root: the folder ``samples`` joins each record's original ``class/file`` path to
             (default: ``root``); give the folder you packed to get ImageFolder's exact ``samples``.
             ``relative_samples`` and ``path(i)`` give the original relative paths.
+        cache_dir, cache_limit, storage_options: for a pack at a URL (``s3://bucket/train.shards``,
+            ``gs://``, ``https://``, any fsspec URL): the local folder fetched bytes are kept in
+            (default ``~/.cache/packload``), the most bytes it may hold (default 20 GiB), and
+            fsspec's options (an endpoint, credentials). See README "Object stores".
     """
 
     def __init__(self, root: str | os.PathLike[str], transform: Callable[[Any], Any] | None = None,
                  target_transform: Callable[[int], Any] | None = None, *, output: str = "pil",
                  decode_size: tuple[int, int] | None = None, exif_transpose: bool = False,
                  verify: bool = False, on_error: str = "raise", fast_jpeg: bool = True,
-                 parallel_reads: bool | None = None, source_root: str | os.PathLike[str] | None = None) -> None:
+                 parallel_reads: bool | None = None, source_root: str | os.PathLike[str] | None = None,
+                 cache_dir: str | os.PathLike[str] | None = None, cache_limit: int | None = None,
+                 storage_options: dict[str, Any] | None = None) -> None:
         if output not in OUTPUTS:
             raise ValueError(f"unknown output {output!r}; choose one of {', '.join(OUTPUTS)}")
         if on_error not in ON_ERROR:
             raise ValueError(f"unknown on_error {on_error!r}; choose raise or skip")
-        self.root = Path(root)
+        self.root: Path | str = str(root).rstrip("/") if is_url(root) else Path(root)
+        # Where a pack at a URL is cached; each process's reader is opened with them.
+        self._remote_options: dict[str, Any] = {"cache_dir": cache_dir, "cache_limit": cache_limit,
+                                                "storage_options": storage_options} if is_url(root) else {}
         # What ``samples`` joins each record's relative path to, as ImageFolder joins its root.
         self.source_root = str(root if source_root is None else source_root)
         self.transform = transform
@@ -82,7 +92,7 @@ class PackedImageFolder(Dataset):
         self.verify = verify
         self.on_error = on_error
         self.fast_jpeg = fast_jpeg
-        reader = PackReader(self.root, check_index=verify, parallel_reads=parallel_reads)
+        reader = PackReader(self.root, check_index=verify, parallel_reads=parallel_reads, **self._remote_options)
         self.parallel_reads: bool = reader.parallel_reads
         try:
             self._encoding: str = reader.encoding
@@ -344,7 +354,8 @@ class PackedImageFolder(Dataset):
     def reader(self) -> PackReader:
         """This process's reader, opened on first use (and again after a fork or ``close``)."""
         if self._reader is None or self._reader.closed or self._reader.pid != os.getpid():
-            reader = PackReader(self.root, check_index=self.verify, parallel_reads=self.parallel_reads)
+            reader = PackReader(self.root, check_index=self.verify, parallel_reads=self.parallel_reads,
+                                **self._remote_options)
             if reader.identity != self._identity:
                 reader.close()
                 raise PackChangedError(f"{self.root}: now holds another pack than the one this dataset opened "

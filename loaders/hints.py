@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from packload.core.remote import is_url
 from packload.loaders.read import PackReader
 
 
@@ -23,7 +24,7 @@ class PackHints:
     def __init__(self, path: str | os.PathLike[str], opener: Callable[[], PackReader] | None = None) -> None:
         """``opener``: returns this process's reader of the pack, to share it (``PackedImageFolder.sampler``
         passes the dataset's); without one, the hints open a reader of their own."""
-        self.path = Path(path)
+        self.path: Path | str = path if is_url(path) else Path(path)  # type: ignore[assignment]
         self._opener = opener
         self._reader: PackReader | None = None
         self.error: Exception | None = None

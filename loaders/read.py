@@ -26,9 +26,12 @@ import numpy as np
 from packload.core.display import terminal_safe
 from packload.core.errors import ChecksumError, IncompletePackError, PackFormatError, UsageError
 from packload.core.format import INDEX_ENTRY, PAYLOAD_FORMATS, check_entries, entry_path
+from packload.core.remote import RemoteStore, is_url
 from packload.core.storage import reads_wait
 from packload.loaders.prefetch import ParallelFetcher, Prefetcher, cut, distinct
+from packload.loaders.read_cache import BlockCache
 from packload.loaders.read_lmdb import LmdbPack
+from packload.loaders.read_remote import DEFAULT_BLOCK_SIZE, RemoteShardsPack, fetch_lmdb
 from packload.loaders.read_shards import ShardsPack
 
 
@@ -59,11 +62,22 @@ class PackReader:
     """Read-only access to one pack: its manifest, its index and each record's payload."""
 
     def __init__(self, path: str | os.PathLike[str], check_index: bool = False,
-                 parallel_reads: bool | None = None) -> None:
+                 parallel_reads: bool | None = None, *, cache_dir: str | os.PathLike[str] | None = None,
+                 cache_limit: int | None = None, block_size: int = DEFAULT_BLOCK_SIZE,
+                 storage_options: dict[str, Any] | None = None) -> None:
         """``check_index``: compare the index with the manifest's sha256 before trusting it (what
         ``verify=True`` readers do, so a damaged label, offset or orientation is an error too).
         ``parallel_reads``: fetch from 16 threads at once (True), never (False), or where each read
-        waits a round trip, on network and FUSE storage (None)."""
+        waits a round trip, on network and FUSE storage (None).
+
+        ``path`` may be a URL (``s3://bucket/train.shards``, ``gs://``, ``https://``, any fsspec
+        URL): a shards pack is then read in ranged requests of ``block_size`` bytes through the
+        local cache folder ``cache_dir`` (at most ``cache_limit`` bytes; ``loaders.read_cache``), an
+        LMDB pack fetched whole into it first. ``storage_options`` go to fsspec (an endpoint, keys)."""
+        if is_url(path):
+            self._open_remote(str(path), check_index, cache_dir, cache_limit, block_size, storage_options)
+            return
+        self.remote = False
         self.path = Path(path)
         if self.path.name.endswith(".partial"):  # pack writes DEST.partial and renames it when done
             raise IncompletePackError(f"{self.path}: an unfinished pack (it did not finish, or was never renamed "
@@ -71,7 +85,7 @@ class PackReader:
         self.backend = detect_backend(self.path)
         self.pid = os.getpid()
         self.closed = False
-        self._pack: ShardsPack | LmdbPack | None = None
+        self._pack: ShardsPack | LmdbPack | RemoteShardsPack | None = None
         self._prefetcher: Prefetcher | None = None
         if parallel_reads is None:
             parallel_reads = reads_wait(self.path)
@@ -92,6 +106,46 @@ class PackReader:
         except BaseException:
             self.close()
             raise
+
+    def _open_remote(self, url: str, check_index: bool, cache_dir: str | os.PathLike[str] | None,
+                     cache_limit: int | None, block_size: int, storage_options: dict[str, Any] | None) -> None:
+        """``__init__`` for a URL: a shards pack read through the cache, or an LMDB pack fetched into it."""
+        self.remote = True
+        self.path = url.rstrip("/")  # type: ignore[assignment]  # a URL is no local Path
+        if self.path.endswith(".partial"):
+            raise IncompletePackError(f"{url}: an unfinished pack; pack it again")
+        self.pid = os.getpid()
+        self.closed = False
+        self._pack = None
+        self._prefetcher = None
+        self.parallel_reads = True
+        self._fetcher = ParallelFetcher(0)  # the remote pack fetches with threads of its own
+        store = RemoteStore(self.path, storage_options)
+        cache = BlockCache(cache_dir, cache_limit)
+        try:
+            if store.kind() == "object":
+                self.backend = "lmdb"
+                self.local_path = Path(fetch_lmdb(store, cache))
+                self._pack = LmdbPack(self.local_path, self._fetcher)
+            else:
+                self.backend = "shards"
+                self._pack = RemoteShardsPack(store, cache, block_size)
+            self.manifest = self._pack.manifest
+            self.entries = self._pack.entries
+            self.paths = self._pack.paths
+            self.part_names = self._pack.part_names
+            self.records = len(self.entries)
+            self._check_entries()
+            if check_index:
+                self._check_index_digest()
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def ranged(self) -> bool:
+        """Whether payloads come by ranged requests to an object store (not from a map of local files)."""
+        return isinstance(self._pack, RemoteShardsPack)
 
     def _check_entries(self) -> None:
         """What the index says must agree with the manifest (counts, labels) and with itself."""
@@ -156,7 +210,7 @@ class PackReader:
         """The whole of shard or chunk ``part``, as a zero-copy view."""
         return self._open_pack().part_view(part)
 
-    def _open_pack(self) -> ShardsPack | LmdbPack:
+    def _open_pack(self) -> ShardsPack | LmdbPack | RemoteShardsPack:
         if self._pack is None:
             raise PackFormatError(f"{self.path}: this reader is closed; open the pack again")
         return self._pack
@@ -164,6 +218,8 @@ class PackReader:
     def payload(self, i: int, verify: bool = False) -> memoryview:
         """Record ``i``'s payload as a zero-copy view (valid while the reader is open)."""
         i = self.normalize_index(i)
+        if self.ranged:
+            return self.payloads([i], verify)[0]
         start = int(self.entries["payload_offset"][i])
         view = self.part_view(int(self.entries["part"][i]))[start : start + int(self.entries["payload_len"][i])]
         if verify and zlib.crc32(view) != int(self.entries["payload_crc32"][i]):
@@ -186,7 +242,10 @@ class PackReader:
         """Payloads of several records as zero-copy views, prefetching each contiguous run of them
         in one request. Looks the whole batch up in the index at once (no per-record numpy calls)."""
         positions, parts, starts, ends = self._spans(indices)
-        out = cut(self.part_view, parts, starts, ends)
+        if self.ranged:
+            out = [memoryview(b) for b in self._open_pack().payload_bytes(parts, starts, ends)]
+        else:
+            out = cut(self.part_view, parts, starts, ends)
         if verify:
             self._verify(positions, out)
         return out
@@ -226,7 +285,15 @@ class PackReader:
         (:meth:`loaders.prefetch.Prefetcher.advise`). The page cache is shared, so a hint given in the
         process that runs the sampler serves the DataLoader workers too (``PackSampler(prefetch=...)``
         does this). Returns the bytes asked for."""
-        if self.closed or self._prefetcher is None:
+        if self.closed:
+            return 0
+        if isinstance(self._pack, RemoteShardsPack):
+            positions = self.positions(indices)
+            entries = self.entries
+            return self._pack.advise(entries["part"][positions].astype(np.int64),
+                                     entries["record_offset"][positions].astype(np.int64),
+                                     (entries["payload_offset"][positions] + entries["payload_len"][positions]).astype(np.int64))
+        if self._prefetcher is None:
             return 0
         return self._prefetcher.advise(self.positions(indices), self.file_ranges)
 

@@ -37,6 +37,7 @@ import os
 import secrets
 import shutil
 import stat
+import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -49,6 +50,7 @@ from PIL import Image
 from packload.core.display import terminal_safe
 from packload.core.errors import PackFormatError, UsageError, WriteError
 from packload.core.progress import progress_bar
+from packload.core.remote import download_pack, is_url
 from packload.core.storage import unwritable_reason
 from packload.loaders.read import PackReader
 
@@ -384,7 +386,12 @@ def unpack(path: str | os.PathLike[str], out: str | os.PathLike[str], overwrite:
     ones are replaced. Refused (``UsageError``, nothing written): ``out`` a symbolic link, a
     non-folder, the pack itself, inside it or holding it. Returns ``path``, ``out``, ``files``
     (files written: one per record), ``bytes``, ``skipped_at_pack_time`` and ``renamed`` (the
-    records the collision rule renamed: ``{"path", "written_as"}``; see the module's docstring)."""
+    records the collision rule renamed: ``{"path", "written_as"}``; see the module's docstring).
+    A pack at a URL is copied whole into a temporary folder first."""
+    if is_url(path):
+        with tempfile.TemporaryDirectory(prefix="packload-unpack-") as folder:
+            result = unpack(download_pack(str(path), folder), out, overwrite, progress)
+        return dict(result, path=str(path).rstrip("/"))
     out_dir = Path(out)
     state = _out_state(out_dir, overwrite)
     with PackReader(path) as reader:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 import zlib
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from packload.core.format import (
 )
 from packload.core.manifest import ignored_count, skipped_count
 from packload.core.progress import progress_bar
+from packload.core.remote import download_pack, is_url
 from packload.loaders.decode import decode_pil
 from packload.loaders.read import PackReader
 
@@ -46,7 +48,7 @@ def info(path: str | os.PathLike[str]) -> dict[str, Any]:
             "classes": manifest["classes"],
             "class_counts": manifest.get("class_counts", {}),
             "labelled": manifest.get("labelled", bool(manifest["classes"])),
-            "pack_bytes": pack_size(reader.path),
+            "pack_bytes": _remote_size(reader) if reader.remote else pack_size(reader.path),
             "payload_bytes": manifest.get("payload_bytes"),
             "source": manifest.get("source", {}),
             "skipped": manifest["skipped"],
@@ -57,6 +59,15 @@ def info(path: str | os.PathLike[str]) -> dict[str, Any]:
             "created": manifest.get("created"),
             "packload_version": manifest.get("packload_version"),
         }
+
+
+def _remote_size(reader: PackReader) -> int:
+    """Bytes a pack at a URL takes on the store: its shards and index (as the manifest lists and the
+    store's listing checked them), or the LMDB object (as fetched)."""
+    if reader.backend == "lmdb":
+        return reader.local_path.stat().st_size
+    manifest = reader.manifest
+    return sum(int(part["size"]) for part in manifest["parts"]) + len(reader.index_bytes())
 
 
 def sha256_file(path: Path) -> str:
@@ -160,7 +171,12 @@ def record_problem(reader: PackReader, i: int, decode: bool = False, payload: bo
 
 def verify(path: str | os.PathLike[str], decode: bool = False, progress: bool = True) -> dict[str, Any]:
     """Check the whole pack: file checksums, then every record's header and payload CRC-32
-    (and a full decode with ``decode=True``). Returns a report; ``ok`` is False if anything failed."""
+    (and a full decode with ``decode=True``). Returns a report; ``ok`` is False if anything failed.
+    A pack at a URL is copied whole into a temporary folder first (every byte is read anyway)."""
+    if is_url(path):
+        with tempfile.TemporaryDirectory(prefix="packload-verify-") as folder:
+            report = verify(download_pack(str(path), folder), decode, progress)
+        return dict(report, path=str(path).rstrip("/"))
     with PackReader(path) as reader:
         damaged_files = file_problems(reader) + manifest_problems(reader)
         bad = []

@@ -301,6 +301,12 @@ def encode_file(root: str, sample: Sample, options: EncodeOptions, prefix: str |
         data = _read_file(path)
     except OSError as exc:
         return Skipped(sample.path, _unreadable(exc, path))
+    return encode_data(sample, data, options)
+
+
+def encode_data(sample: Sample, data: bytes, options: EncodeOptions) -> Encoded | Skipped:
+    """Check and encode the bytes ``data`` of ``sample`` (read from a file, or fetched from an object
+    store); any problem with them becomes ``Skipped``, with the reason ``encode_file`` gives."""
     if not data:
         return Skipped(sample.path, "empty file (0 bytes)")
     keep = options.encoding == "keep"

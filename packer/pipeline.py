@@ -14,7 +14,7 @@ import errno
 import os
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
@@ -28,6 +28,7 @@ from packload.core.errors import PackFormatError, SkippedFileError, UsageError, 
 from packload.core.format import RAY_RUN_NAME, RecordMeta, pack_size
 from packload.core.manifest import build_manifest, ignored_count, skipped_count
 from packload.core.progress import progress_bar
+from packload.core.remote import is_url
 from packload.core.scan import Sample, ScanResult, printable, scan_folder
 from packload.core.threads import single_core_torch_pool
 from packload.core.workers import process_pool
@@ -205,11 +206,13 @@ _publish = publish
 def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: str | None = None,
          options: EncodeOptions | None = None, workers: int | None = None,
          shard_size: int = DEFAULT_SHARD_SIZE, overwrite: bool = False, resume: bool = False,
-         strict: bool = False, progress: bool = True, checkpoint_every: int | None = None) -> dict[str, Any]:
+         strict: bool = False, progress: bool = True, checkpoint_every: int | None = None,
+         shard_sink: Callable[[Path], None] | None = None) -> dict[str, Any]:
     """Pack the ImageFolder tree ``src`` into ``dst`` (an LMDB file or a shards folder).
 
     Files that fail their check are skipped and listed in the manifest (``strict=True`` makes the
-    first one an error). Progress is made durable for ``resume`` every few seconds, and also every
+    first one an error). ``shard_sink`` takes each finished shard away (``packer.upload``; shards
+    backend only, no ``resume``). Progress is made durable for ``resume`` every few seconds, and also every
     ``checkpoint_every`` files when given. ``overwrite`` replaces only a pack (``packer.destination``);
     another command writing ``dst`` at the same time is refused. Returns a summary: counts, sizes,
     time and rates.
@@ -237,6 +240,8 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: s
         if options.size is not None:
             options_record["size"] = list(options.size)
         writer, start, skipped = _open_writer(scan, tmp, backend, shard_size, options_record, overwrite, resume)
+        if shard_sink is not None and isinstance(writer, ShardsWriter):
+            writer.shard_sink = shard_sink
         manifest = _write_or_keep(scan, writer, start, skipped, options, options_record, workers, strict,
                                   progress, checkpoint_every, dst_path, tmp)
         _publish(tmp, dst_path)
@@ -339,13 +344,14 @@ def _write_or_keep(scan: ScanResult, writer: ShardsWriter | LmdbWriter, start: i
         raise
 
 
-def write_or_skip(item: Encoded | Skipped, pos: int, root: Path, writer: ShardsWriter | LmdbWriter,
+def write_or_skip(item: Encoded | Skipped, pos: int, root: str | Path, writer: ShardsWriter | LmdbWriter,
                   skipped: list[dict[str, Any]], strict: bool) -> int:
     """Write an encoded record, or list a skipped file (an error under ``strict``); returns the source
-    bytes written."""
+    bytes written. ``root``: the source folder, or its URL."""
     if isinstance(item, Skipped):
         if strict:
-            raise SkippedFileError(f"{root / item.path}: {item.reason}; fix or remove the file, "
+            where = f"{str(root).rstrip('/')}/{item.path}" if is_url(root) else Path(root) / item.path
+            raise SkippedFileError(f"{where}: {item.reason}; fix or remove the file, "
                                    "or pack without --strict to skip it and list it in the manifest")
         skipped.append({"path": item.path, "reason": item.reason, "pos": pos})
         return 0

@@ -16,48 +16,40 @@ complete is published. A driver that was killed (or interrupted) leaves the unfi
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
-import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import lmdb
 import numpy as np
 
 from packload.core.display import terminal_safe
 from packload.core.errors import PackloadError, SkippedFileError, UsageError
-from packload.core.format import INDEX_NAME, MANIFEST_NAME, RAY_RUN_NAME, pack_size
-from packload.core.manifest import build_manifest, encode_manifest, ignored_count, skipped_count
+from packload.core.manifest import build_manifest, ignored_count, skipped_count
 from packload.core.progress import progress_bar
+from packload.core.remote import is_url
 from packload.core.scan import Sample, ScanResult, printable, scan_folder
-from packload.packer.combine import ShardPayloads, ShardSource, copy_records, joined_index
+from packload.packer.combine import joined_index
 from packload.packer.destination import (
     check_apart,
-    check_destination,
     check_name,
     check_parent,
-    check_partial,
-    creation_error,
-    exists,
-    partial_path,
-    publish,
-    remove_ours,
 )
 from packload.packer.destination_lock import DestinationLock
 from packload.packer.encode import EncodeOptions
 from packload.packer.pipeline import (
     DEFAULT_SHARD_SIZE,
-    LMDB_MAP_PER_FILE,
     backend_for,
 )
-from packload.packer.ray_resume import kept_tasks, previous_run, run_record, write_run_record
-from packload.packer.ray_tasks import pack_range, place_task, task_name, task_source
-from packload.packer.write_lmdb import LmdbWriter
-from packload.packer.write_shards import fsync_dir, write_file_atomic
+from packload.packer.ray_folder import LocalTarget
+from packload.packer.ray_resume import run_record
+from packload.packer.ray_tasks import pack_range, place_task
+from packload.packer.ray_url import UrlTarget
+from packload.packer.remote_source import scan_url
 
 INSTALL_HINT = '--engine ray needs Ray, which is not installed; pip install "packload[ray]"'
 MIN_TASK_FILES = 5000  # files per task at least: each task has a fixed cost (scheduling, start-up)
@@ -77,8 +69,8 @@ def split_ranges(count: int, task_files: int) -> list[tuple[int, int]]:
     return [(start, min(start + task_files, count)) for start in range(0, count, task_files)]
 
 
-def _failure(exc: BaseException, dst: Path, ranges: list[tuple[int, int]], task: int, samples: list[Sample],
-             retries: int) -> PackloadError:
+def _failure(exc: BaseException, dst: str, ranges: list[tuple[int, int]], task: int, samples: list[Sample],
+             retries: int, after: str) -> PackloadError:
     """The one-line error for a task that kept failing."""
     cause = getattr(exc, "cause", None) or exc
     if isinstance(cause, PackloadError) and not isinstance(cause, OSError):
@@ -86,14 +78,14 @@ def _failure(exc: BaseException, dst: Path, ranges: list[tuple[int, int]], task:
     start, stop = ranges[task]
     text = str(cause).strip().splitlines()[-1] if str(cause).strip() else type(cause).__name__
     return PackloadError(f"{dst}: Ray task {task} (files {start}..{stop - 1}, from {samples[start].path}) failed "
-                         f"after {retries} retries ({type(cause).__name__}: {text}); nothing was published; fix "
-                         "the cause (every node must see the source and destination folders) and pack again")
+                         f"after {retries} retries ({type(cause).__name__}: {text}); {after}")
 
 
 def pack_ray(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: str | None = None,
              options: EncodeOptions | None = None, shard_size: int = DEFAULT_SHARD_SIZE,
              overwrite: bool = False, resume: bool = False, strict: bool = False, progress: bool = True,
-             address: str | None = None, task_files: int | None = None, max_retries: int = 3) -> dict[str, Any]:
+             address: str | None = None, task_files: int | None = None, max_retries: int = 3,
+             storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Pack the ImageFolder tree ``src`` into ``dst`` with Ray tasks; the same pack as ``pack``.
 
     Uses the Ray instance this process is connected to, else connects to ``address`` (``"auto"``:
@@ -101,48 +93,53 @@ def pack_ray(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backen
     packs (default: about two ranges per CPU of the cluster, at least 5000 files each). The
     driver holds the destination's lock, and ``overwrite`` replaces only a pack, as for ``pack``.
     ``resume`` finishes a pack whose driver was killed: the tasks that had finished are not run
-    again (the same options and source are needed). Returns ``pack``'s summary plus the tasks'
-    timings and the number of tasks each Ray node ran.
+    again (the same options and source are needed). ``src`` and ``dst`` may be object-store URLs
+    (``s3://bucket/images/``, ``s3://bucket/train.shards``; see ``packer.remote_source`` and
+    ``packer.ray_url``), opened with ``storage_options``, which the tasks get in their arguments.
+    Returns ``pack``'s summary plus the tasks' timings and the number of tasks each Ray node ran.
     """
     ray = _import_ray()
     started = time.perf_counter()
-    src_path, dst_path = Path(src), Path(dst)
     options = options or EncodeOptions()
-    backend = backend_for(dst_path, backend)
     if shard_size < 1 << 16:
         raise UsageError(f"--shard-size {shard_size}: give at least 64 KiB (for example 256M)")
     if task_files is not None and task_files < 1:
         raise UsageError(f"--task-files {task_files}: give at least 1")
-    check_name(dst_path)
-    check_parent(dst_path)
-    check_apart(dst_path, [src_path], "the source folder")
-    with DestinationLock(dst_path):
-        check_destination(dst_path, overwrite)
-        scan = scan_folder(src_path)
+    target: LocalTarget | UrlTarget
+    if is_url(dst):
+        target = UrlTarget(str(dst), backend, storage_options)
+        lock: Any = contextlib.nullcontext()
+    else:
+        dst_path = Path(dst)
+        target = LocalTarget(dst_path, backend_for(dst_path, backend))
+        check_name(dst_path)
+        check_parent(dst_path)
+        if not is_url(src):
+            check_apart(dst_path, [Path(src)], "the source folder")
+        lock = DestinationLock(dst_path)
+    with lock:
+        target.check(overwrite)
+        if is_url(src):
+            root = str(src).rstrip("/")
+            scan = scan_url(root, storage_options)
+        else:
+            scan = scan_folder(Path(src))
+            root = str(scan.root.resolve())  # tasks run in other folders, on other nodes
         scan.check_splits(strict)
         if strict:
             scan.refuse_not_regular()
-        tmp = partial_path(dst_path)
-        staging = tmp if backend == "shards" else staging_path(dst_path)
-        for leftover in dict.fromkeys((tmp, staging)):
-            check_partial(leftover)
-        options_record = {"backend": backend, **asdict(options)}
+        options_record = {"backend": target.backend, **asdict(options)}
         if options.size is not None:
             options_record["size"] = list(options.size)
         record = run_record(options_record, shard_size, scan.samples)
-        before = previous_run(staging, tmp, record, task_files, resume, overwrite, scan.root)
+        before = target.previous(record, task_files, resume, overwrite, root)
         started_ray = _start_ray(ray, address)
         try:
-            return _pack_on_ray(ray, started, scan, dst_path, tmp, staging, backend, options, record, before,
-                                strict, progress, task_files, max_retries)
+            run = _Run(ray, scan, root, target, max_retries, storage_options)
+            return run.pack(started, options, record, before, strict, progress, task_files)
         finally:
             if started_ray:
                 ray.shutdown()
-
-
-def staging_path(dst: Path) -> Path:
-    """Where the tasks of an LMDB pack write their ranges: ``DEST.partial-tasks``."""
-    return dst.with_name(dst.name + ".partial-tasks")
 
 
 def _start_ray(ray: Any, address: str | None) -> bool:
@@ -158,104 +155,100 @@ def _start_ray(ray: Any, address: str | None) -> bool:
     return True
 
 
-def _pack_on_ray(ray: Any, started: float, scan: ScanResult, dst_path: Path, tmp: Path, staging: Path,
-                 backend: str, options: EncodeOptions, record: dict[str, Any], before: dict[str, Any] | None,
-                 strict: bool, progress: bool, task_files: int | None, max_retries: int) -> dict[str, Any]:
-    """Run the tasks (those not finished ``before``), join their output into ``tmp`` and publish it
-    as ``dst_path``; the summary."""
-    ray_ready = time.perf_counter()
-    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    shard_size, options_record = record["shard_size"], record["options"]
-    place_into = tmp if backend == "shards" else None
-    if before is None:
-        per_task = task_files or max(MIN_TASK_FILES, math.ceil(len(scan.samples) / (TASKS_PER_CPU * cpus)))
-        ranges = split_ranges(len(scan.samples), per_task)
-        try:
-            staging.mkdir()
-            write_run_record(staging, {**record, "task_files": per_task, "ranges": ranges})
-        except OSError as exc:
-            raise creation_error(staging, exc) from None
-        kept: dict[int, dict[str, Any]] = {}
-        kept_placed: dict[int, dict[str, Any]] = {}
-    else:
-        ranges = [tuple(span) for span in before["ranges"]]
-        if backend == "lmdb" and exists(tmp):
-            remove_ours(tmp)  # a join the driver did not finish: done again
-        kept, kept_placed = kept_tasks(staging, ranges, place_into)
-        _refuse_kept_skips(scan, kept, strict)
-    try:
-        tasks = _Tasks(ray, scan, ranges, staging, max_retries, dst_path, place_into, kept, kept_placed)
-        tasks.run(options, shard_size, strict, progress)
-        results = [tasks.results[k] for k in range(len(ranges))]
-        tasks_done = time.perf_counter()
-        records = sum(r["records"] for r in results)
-        skipped = [s for r in results for s in r["skipped"]]
-        if records == 0:
-            raise UsageError(f"{scan.root}: none of the {len(scan.samples)} image files could be packed "
-                             f"(first problem: {skipped[0]['path']}: {skipped[0]['reason']})")
-        sources = [task_source(staging / task_name(r["task"])) for r in results]
-        part_bases = np.cumsum([0] + [len(s.parts) for s in sources])[:-1].tolist()
-        index, labels = joined_index(sources, part_bases)
-        manifest = build_manifest(
-            backend=backend, encoding=options.encoding,
-            source={"name": printable(scan.root.resolve().name), "files": len(scan.samples),
-                    "bytes": sum(r["source_bytes"] for r in results)},
-            labelled=scan.labelled, classes=scan.classes, labels=labels,
-            payload_bytes=sum(r["payload_bytes"] for r in results), skipped=skipped, ignored=scan.ignored,
-            options=options_record)
-        if backend == "shards":
-            parts = [part for k in range(len(ranges)) for part in tasks.placed[k]["parts"]]
-            _finish_shards(sources, parts, tmp, index, manifest)
+class _Run:
+    """One run of the Ray engine over a scanned source (``root``: its folder or URL) into a target."""
+
+    def __init__(self, ray: Any, scan: ScanResult, root: str, target: LocalTarget | UrlTarget, max_retries: int,
+                 storage_options: dict[str, Any] | None) -> None:
+        self.ray, self.scan, self.root, self.target = ray, scan, root, target
+        self.max_retries, self.storage_options = max_retries, storage_options
+
+    def pack(self, started: float, options: EncodeOptions, record: dict[str, Any], before: dict[str, Any] | None,
+             strict: bool, progress: bool, task_files: int | None) -> dict[str, Any]:
+        """Run the tasks (those not finished ``before``), join their output and publish it; the summary."""
+        ray, scan, target = self.ray, self.scan, self.target
+        ray_ready = time.perf_counter()
+        cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        shard_size, options_record = record["shard_size"], record["options"]
+        if before is None:
+            per_task = task_files or max(MIN_TASK_FILES, math.ceil(len(scan.samples) / (TASKS_PER_CPU * cpus)))
+            ranges = split_ranges(len(scan.samples), per_task)
+            target.begin({**record, "task_files": per_task, "ranges": ranges})
+            kept: dict[int, dict[str, Any]] = {}
+            kept_placed: dict[int, dict[str, Any]] = {}
         else:
-            _join_lmdb(sources, tmp, len(scan.samples), manifest)
-            shutil.rmtree(staging)
-    except (KeyboardInterrupt, SystemExit):
-        raise  # interrupted, not failed: the finished tasks stay for --resume
-    except BaseException:
-        for leftover in (tmp, staging):
-            if exists(leftover):
-                remove_ours(leftover)
-        raise
-    publish(tmp, dst_path)
-    seconds = time.perf_counter() - started
-    source_bytes = manifest["source"]["bytes"]
-    ran = [r for k, r in tasks.results.items() if k not in kept]  # the tasks of this run
-    task_seconds = [r["seconds"] for r in ran] or [0.0]
-    run_files = sum(b - a for k, (a, b) in enumerate(ranges) if k not in kept)
-    nodes: dict[str, int] = {}
-    for r in ran:
-        nodes[r["node"] or "unknown"] = nodes.get(r["node"] or "unknown", 0) + 1
-    return {
-        "destination": str(dst_path),
-        "backend": backend,
-        "encoding": options.encoding,
-        "records": records,
-        "classes": len(scan.classes),
-        "skipped": skipped_count(manifest),
-        "ignored": ignored_count(manifest),
-        "source_bytes": source_bytes,
-        "pack_bytes": pack_size(dst_path),
-        "seconds": round(seconds, 3),
-        "files_total": len(scan.samples),
-        "files_this_run": run_files,
-        "files_per_s": round(run_files / seconds, 1) if seconds > 0 else None,
-        "mb_per_s": round(sum(r["source_bytes"] for r in ran) / seconds / 1e6, 1) if seconds > 0 else None,
-        "resumed_at": _resumed_at(ranges, kept),
-        "engine": "ray",
-        "ray": {
-            "tasks": len(ranges),
-            "tasks_kept": len(kept),
-            "tasks_per_node": dict(sorted(nodes.items())),
-            "cluster_cpus": cpus,
-            "ray_start_s": round(ray_ready - started, 3),
-            "tasks_s": round(tasks_done - ray_ready, 3),
-            "join_s": round(time.perf_counter() - tasks_done, 3),
-            "task_s": {"min": round(min(task_seconds), 3), "max": round(max(task_seconds), 3),
-                       "sum": round(sum(task_seconds), 3)},
-            "task_cpu_s": round(sum(r["cpu_seconds"] for r in ran)
-                                + sum(p["cpu_seconds"] for k, p in tasks.placed.items() if k not in kept_placed), 3),
-        },
-    }
+            ranges = [tuple(span) for span in before["ranges"]]
+            kept, kept_placed = target.resume(ranges)
+            _refuse_kept_skips(self.root, kept, strict)
+        try:
+            tasks = _Tasks(ray, scan, self.root, ranges, target, self.max_retries, kept, kept_placed,
+                           self.storage_options)
+            tasks.run(options, shard_size, strict, progress)
+            results = [tasks.results[k] for k in range(len(ranges))]
+            tasks_done = time.perf_counter()
+            records = sum(r["records"] for r in results)
+            skipped = [s for r in results for s in r["skipped"]]
+            if records == 0:
+                raise UsageError(f"{self.root}: none of the {len(scan.samples)} image files could be packed "
+                                 f"(first problem: {skipped[0]['path']}: {skipped[0]['reason']})")
+            sources = target.sources(results)
+            part_bases = np.cumsum([0] + [len(s.parts) for s in sources])[:-1].tolist()
+            index, labels = joined_index(sources, part_bases)
+            manifest = build_manifest(
+                backend=target.backend, encoding=options.encoding,
+                source={"name": printable(scan.root.resolve().name), "files": len(scan.samples),
+                        "bytes": sum(r["source_bytes"] for r in results)},
+                labelled=scan.labelled, classes=scan.classes, labels=labels,
+                payload_bytes=sum(r["payload_bytes"] for r in results), skipped=skipped, ignored=scan.ignored,
+                options=options_record)
+            parts = ([part for k in range(len(ranges)) for part in tasks.placed[k]["parts"]]
+                     if target.place_into is not None else [])
+            target.finish(sources, parts, index, manifest, len(scan.samples))
+        except (KeyboardInterrupt, SystemExit):
+            raise  # interrupted, not failed: the finished tasks stay for --resume
+        except BaseException:
+            target.discard()
+            raise
+        pack_bytes = target.publish()
+        seconds = time.perf_counter() - started
+        source_bytes = manifest["source"]["bytes"]
+        ran = [r for k, r in tasks.results.items() if k not in kept]  # the tasks of this run
+        task_seconds = [r["seconds"] for r in ran] or [0.0]
+        run_files = sum(b - a for k, (a, b) in enumerate(ranges) if k not in kept)
+        nodes: dict[str, int] = {}
+        for r in ran:
+            nodes[r["node"] or "unknown"] = nodes.get(r["node"] or "unknown", 0) + 1
+        return {
+            "destination": target.destination,
+            "backend": target.backend,
+            "encoding": options.encoding,
+            "records": records,
+            "classes": len(scan.classes),
+            "skipped": skipped_count(manifest),
+            "ignored": ignored_count(manifest),
+            "source_bytes": source_bytes,
+            "pack_bytes": pack_bytes,
+            "seconds": round(seconds, 3),
+            "files_total": len(scan.samples),
+            "files_this_run": run_files,
+            "files_per_s": round(run_files / seconds, 1) if seconds > 0 else None,
+            "mb_per_s": round(sum(r["source_bytes"] for r in ran) / seconds / 1e6, 1) if seconds > 0 else None,
+            "resumed_at": _resumed_at(ranges, kept),
+            "engine": "ray",
+            "ray": {
+                "tasks": len(ranges),
+                "tasks_kept": len(kept),
+                "tasks_per_node": dict(sorted(nodes.items())),
+                "cluster_cpus": cpus,
+                "ray_start_s": round(ray_ready - started, 3),
+                "tasks_s": round(tasks_done - ray_ready, 3),
+                "join_s": round(time.perf_counter() - tasks_done, 3),
+                "task_s": {"min": round(min(task_seconds), 3), "max": round(max(task_seconds), 3),
+                           "sum": round(sum(task_seconds), 3)},
+                "task_cpu_s": round(sum(r["cpu_seconds"] for r in ran)
+                                    + sum(p["cpu_seconds"] for k, p in tasks.placed.items() if k not in kept_placed), 3),
+            },
+        }
 
 
 def _resumed_at(ranges: list[tuple[int, int]], kept: dict[int, dict[str, Any]]) -> int | None:
@@ -266,11 +259,11 @@ def _resumed_at(ranges: list[tuple[int, int]], kept: dict[int, dict[str, Any]]) 
     return next((a for k, (a, _) in enumerate(ranges) if k not in kept), ranges[-1][1])
 
 
-def _refuse_kept_skips(scan: ScanResult, kept: dict[int, dict[str, Any]], strict: bool) -> None:
+def _refuse_kept_skips(root: str, kept: dict[int, dict[str, Any]], strict: bool) -> None:
     """Under ``strict``, a kept task that skipped a file fails the resumed pack as packing it would."""
     skipped = [s for k in sorted(kept) for s in kept[k]["skipped"]]
     if strict and skipped:
-        raise SkippedFileError(f"{scan.root / skipped[0]['path']}: {skipped[0]['reason']}; fix or remove the "
+        raise SkippedFileError(f"{root}/{skipped[0]['path']}: {skipped[0]['reason']}; fix or remove the "
                                "file, or pack without --strict to skip it and list it in the manifest")
 
 
@@ -281,12 +274,12 @@ class _Tasks:
     renumbering overlaps the packing. A failure that outlived Ray's retries cancels the rest and
     raises one clear error."""
 
-    def __init__(self, ray: Any, scan: Any, ranges: list[tuple[int, int]], staging: Path, max_retries: int,
-                 dst: Path, place_into: Path | None, kept: dict[int, dict[str, Any]],
-                 kept_placed: dict[int, dict[str, Any]]) -> None:
-        self.ray, self.scan, self.ranges, self.staging = ray, scan, ranges, staging.resolve()
-        self.max_retries, self.dst = max_retries, dst
-        self.place_into = place_into.resolve() if place_into is not None else None
+    def __init__(self, ray: Any, scan: ScanResult, root: str, ranges: list[tuple[int, int]],
+                 target: LocalTarget | UrlTarget, max_retries: int, kept: dict[int, dict[str, Any]],
+                 kept_placed: dict[int, dict[str, Any]], storage_options: dict[str, Any] | None) -> None:
+        self.ray, self.scan, self.root, self.ranges, self.target = ray, scan, root, ranges, target
+        self.max_retries, self.storage_options = max_retries, storage_options
+        self.place_into = target.place_into
         self.results: dict[int, dict[str, Any]] = dict(kept)
         self.placed: dict[int, dict[str, Any]] = dict(kept_placed)
         self._pending: dict[Any, tuple[str, int]] = {}
@@ -297,14 +290,13 @@ class _Tasks:
         # SPREAD: the ranges go to every node, so that each node's disks and network share the work.
         packer_task = ray.remote(num_cpus=1, max_retries=self.max_retries, retry_exceptions=[OSError],
                                  scheduling_strategy="SPREAD")(pack_range)
-        root = str(self.scan.root.resolve())  # tasks run in other folders, on other nodes
         for k, (a, b) in enumerate(self.ranges):
             if k in self.results:
                 continue
             # Only the first range keeps its numbers (and so its hashes) in a shards pack.
             hashed = k == 0 and self.place_into is not None
-            ref = packer_task.remote(k, root, self.scan.samples[a:b], a, self.scan.classes, options,
-                                     str(self.staging / task_name(k)), shard_size, strict, hashed)
+            ref = packer_task.remote(k, self.root, self.scan.samples[a:b], a, self.scan.classes, options,
+                                     self.target.task_out(k), shard_size, strict, hashed, self.storage_options)
             self._pending[ref] = ("pack", k)
         kept_files = sum(self.ranges[k][1] - self.ranges[k][0] for k in self.results)
         bar = progress_bar(total=len(self.scan.samples), initial=kept_files, unit="img", disable=not progress,
@@ -319,7 +311,8 @@ class _Tasks:
                     value = ray.get(ref)
                 except Exception as exc:  # noqa: BLE001 - Ray wraps the task's error; reported in one line
                     self._cancel()
-                    raise _failure(exc, self.dst, self.ranges, k, self.scan.samples, self.max_retries) from None
+                    raise _failure(exc, self.target.destination, self.ranges, k, self.scan.samples, self.max_retries,
+                                   self.target.after_failure) from None
                 if kind == "pack":
                     self.results[k] = value
                     bar.update(self.ranges[k][1] - self.ranges[k][0])
@@ -336,8 +329,8 @@ class _Tasks:
         while self._next_place in self.results:
             k, result = self._next_place, self.results[self._next_place]
             if k not in self.placed:
-                ref = placer.remote(str(self.staging / task_name(k)), str(self.place_into), self._part_base,
-                                    self._record_base)
+                ref = placer.remote(self.target.task_out(k), self.place_into, self._part_base, self._record_base,
+                                    self.storage_options)
                 self._pending[ref] = ("place", k)
             self._part_base += len(result["parts"])
             self._record_base += result["records"]
@@ -348,38 +341,3 @@ class _Tasks:
             self.ray.cancel(ref, force=True)
         if self._pending:
             self.ray.wait(list(self._pending), num_returns=len(self._pending), timeout=30)
-
-
-def _finish_shards(sources: list[ShardSource], parts: list[dict[str, Any]], tmp: Path, index: bytes,
-                   manifest: dict[str, Any]) -> None:
-    """With every shard in place: write the index, drop the task folders and the run record, and
-    write the manifest last. (A driver killed before the manifest leaves a pack that resumes: a task
-    folder already dropped is packed again, and its shards replace the same ones.)"""
-    import hashlib
-
-    write_file_atomic(tmp / INDEX_NAME, index)
-    for source in sources:
-        shutil.rmtree(source.folder)
-    (tmp / RAY_RUN_NAME).unlink()
-    manifest.update(parts=parts, index={"name": INDEX_NAME, "size": len(index),
-                                        "sha256": hashlib.sha256(index).hexdigest()})
-    write_file_atomic(tmp / MANIFEST_NAME, encode_manifest(manifest))
-    fsync_dir(tmp)
-
-
-def _join_lmdb(sources: list[ShardSource], tmp: Path, files: int, manifest: dict[str, Any]) -> None:
-    """Copy every task's records, in order, into the LMDB file ``tmp`` (chunks as ``pack`` makes)."""
-    try:
-        writer = LmdbWriter(tmp, max(1 << 30, files * LMDB_MAP_PER_FILE))
-    except lmdb.Error as exc:
-        raise creation_error(tmp, exc) from None
-    try:
-        for source in sources:
-            payloads = ShardPayloads(source)
-            try:
-                copy_records(source.entries, source.paths, payloads, writer.write)
-            finally:
-                payloads.close()
-        manifest.update(writer.finish(manifest))
-    finally:
-        writer.close()

@@ -68,6 +68,13 @@ def previous_run(staging: Path, tmp: Path, now: dict[str, Any], task_files: int 
         return None
     except (OSError, ValueError) as exc:
         raise UsageError(f"{staging / RAY_RUN_NAME}: cannot be read ({exc}); start over with --overwrite") from None
+    check_same_run(before, now, task_files, root)
+    return before
+
+
+def check_same_run(before: dict[str, Any], now: dict[str, Any], task_files: int | None, root: object) -> None:
+    """Refuse in one line naming the option to resume the run recorded ``before`` with other
+    options (``now``, ``task_files``) or over another file list of the source ``root``."""
     if before.get("options") != now["options"]:
         raise UsageError(f"the unfinished pack was started with other options: "
                          f"{options_changed(before.get('options') or {}, now['options'])}; "
@@ -84,7 +91,6 @@ def previous_run(staging: Path, tmp: Path, now: dict[str, Any], task_files: int 
         was, files = before.get("source") or {}, now["source"]["files"]
         raise UsageError(f"{root}: the source folder changed since the pack was interrupted ({was.get('files')} "
                          f"image files then, {files} now, or other names); start over with --overwrite")
-    return before
 
 
 def kept_tasks(staging: Path, ranges: list[tuple[int, int]], place_into: Path | None

@@ -6,7 +6,9 @@ Each writes a marker last, so that ``pack --engine ray --resume`` can tell a fin
 torn one: ``task-done.json`` once the task folder is complete (the task's result, the sizes of its
 files and the SHA-256 of its index and manifest), ``task-placed.json`` once its shards are in the
 pack. A task reads its source files in ``read_range`` only and writes its outputs in
-``write_range`` only.
+``write_range`` only. The source may be a URL (objects fetched, ``packer.remote_source``), and so
+may the task folder: the task then packs into a local temporary folder and stages it on the store
+(``packer.ray_url_tasks``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,10 +32,13 @@ from packload.core.format import (
     shard_name,
 )
 from packload.core.manifest import build_manifest
+from packload.core.remote import RemoteStore, is_url
 from packload.core.scan import Sample
 from packload.packer.combine import ShardSource, place_shards
 from packload.packer.encode import Encoded, EncodeOptions, Skipped
 from packload.packer.pipeline import encoded_stream, io_bound, write_or_skip
+from packload.packer.ray_url_tasks import place_task_remote, stage_task
+from packload.packer.remote_source import fetched_stream
 from packload.packer.write_shards import ShardsWriter, fsync_dir, write_file_atomic
 
 IO_THREADS = 2  # threads per task when encoding is reading and checking only
@@ -65,7 +71,7 @@ def check_shared(root: str, folder: Path) -> None:
     """Refuse at once (no retries) a node that does not see the source or the destination."""
     import socket
 
-    for needed in (Path(root), folder.parent):
+    for needed in ([] if is_url(root) else [Path(root)]) + [folder.parent]:
         if not needed.is_dir():
             raise UsageError(f"{needed}: not found on node {socket.gethostname()}; --engine ray needs the source "
                              "and the destination on storage every node sees, at the same path")
@@ -80,9 +86,12 @@ def node_id() -> str | None:
     return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 
 
-def read_range(root: str, samples: list[Sample], options: EncodeOptions) -> Iterator[Encoded | Skipped]:
-    """Every file of ``samples`` under ``root``, read, checked and encoded in order: the one place a
-    task reads its source."""
+def read_range(root: str, samples: list[Sample], options: EncodeOptions,
+               storage_options: dict[str, Any] | None = None) -> Iterator[Encoded | Skipped]:
+    """Every file of ``samples`` under ``root`` (a folder, or a URL: objects fetched), read,
+    checked and encoded in order: the one place a task reads its source."""
+    if is_url(root):
+        return fetched_stream(root, samples, options, storage_options)
     # Reading and checking only (keep, fast check) waits on the disk with the GIL released: a few
     # threads keep one CPU busy, as in the local engine. Re-encoding stays on this task's one CPU.
     threads = IO_THREADS if io_bound(options) else 1
@@ -98,7 +107,7 @@ def write_range(items: Iterator[Encoded | Skipped], root: str, first_pos: int, c
     source_bytes = 0
     try:
         for pos, item in enumerate(items, first_pos):
-            source_bytes += write_or_skip(item, pos, Path(root), writer, skipped, strict)
+            source_bytes += write_or_skip(item, pos, root, writer, skipped, strict)
         # A task folder is a small pack of its own (its manifest is replaced by the driver's).
         writer.finish(build_manifest(backend="shards", encoding=options.encoding, source={}, labelled=True,
                                      classes=classes, labels=writer.index.labels(),
@@ -111,17 +120,27 @@ def write_range(items: Iterator[Encoded | Skipped], root: str, first_pos: int, c
 
 
 def pack_range(task: int, root: str, samples: list[Sample], first_pos: int, classes: list[str],
-               options: EncodeOptions, out: str, shard_size: int, strict: bool, hashed: bool = True) -> dict[str, Any]:
+               options: EncodeOptions, out: str, shard_size: int, strict: bool, hashed: bool = True,
+               storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """One Ray task: pack ``samples`` (scan positions from ``first_pos``) into the shards pack
     ``out``, starting afresh (a retry overwrites a failed attempt); ``hashed=False`` leaves the
-    shards' SHA-256 to be computed later. Writes the done marker last; returns the result it holds."""
+    shards' SHA-256 to be computed later. Writes the done marker last; returns the result it holds.
+    ``out`` may be a URL: the task folder is written locally, then staged there (marker last);
+    ``storage_options`` open the store of a URL ``root`` or ``out``."""
+    if is_url(out):
+        with tempfile.TemporaryDirectory(prefix="packload-task-") as tmp:
+            folder = Path(tmp) / task_name(task)
+            result = pack_range(task, root, samples, first_pos, classes, options, str(folder), shard_size, strict,
+                                hashed, storage_options)
+            stage_task(folder, RemoteStore(out, storage_options))
+        return result
     started, cpu_started = time.perf_counter(), time.process_time()
     folder = Path(out)
     check_shared(root, folder)
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir()
-    counts = write_range(read_range(root, samples, options), root, first_pos, classes, options, folder,
+    counts = write_range(read_range(root, samples, options, storage_options), root, first_pos, classes, options, folder,
                          shard_size, strict, hashed)
     result = {"task": task, "range": [first_pos, first_pos + len(samples)], **counts, "node": node_id(),
               "seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu_started}
@@ -160,9 +179,13 @@ def done_result(folder: Path, task: int, span: tuple[int, int], placed_into: Pat
     return marker
 
 
-def place_task(folder: str, out: str, part_base: int, record_base: int) -> dict[str, Any]:
+def place_task(folder: str, out: str, part_base: int, record_base: int,
+               storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """One Ray task: move a finished task's shards into the pack, renumbered (see ``place_shards``),
-    then write the placed marker. Returns their manifest entries and the CPU time it took."""
+    then write the placed marker. Returns their manifest entries and the CPU time it took. With a
+    URL ``folder`` (a staged task), the pack ``out`` is a URL too (``place_task_remote``)."""
+    if is_url(folder):
+        return place_task_remote(folder, out, part_base, record_base, storage_options)
     cpu_started = time.process_time()
     parts = place_shards(task_source(Path(folder)), Path(out), part_base, record_base, move=True)
     fsync_dir(Path(out))

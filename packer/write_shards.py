@@ -11,6 +11,7 @@ import json
 import mmap
 import os
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,9 +58,12 @@ def fsync_dir(path: Path) -> None:
 class ShardsWriter:
     """Appends records to ``shard-NNNNN.bin`` files of about ``shard_size`` bytes each."""
 
-    def __init__(self, folder: Path, shard_size: int) -> None:
+    def __init__(self, folder: Path, shard_size: int, shard_sink: Callable[[Path], None] | None = None) -> None:
+        """``shard_sink``: called with each shard's path once it is complete (and durable); it takes
+        the file away (``packer.upload`` sends it to an object store and deletes it here)."""
         self.folder = folder
         self.shard_size = shard_size
+        self.shard_sink = shard_sink
         self.index = IndexBuilder()
         self.parts: list[dict[str, Any]] = []  # finished shards: name, size, sha256, records
         self._file: HashingAppender | None = None
@@ -80,6 +84,11 @@ class ShardsWriter:
         part = len(self.parts)
         self.parts.append({"name": shard_name(part), "size": self._offset, "sha256": digest,
                            "records": self._part_records})
+        if self.shard_sink is not None:
+            path = self.folder / shard_name(part)
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+            self.shard_sink(path)
 
     def write(self, item: Encoded) -> None:
         """Append one record, starting a new shard when this one would pass ``shard_size``."""
@@ -124,7 +133,7 @@ class ShardsWriter:
         """Close the last shard, write the index, then the manifest; return the manifest."""
         if self._file is not None:
             self._close_part()
-        for part in self.parts:  # durable before the manifest makes the pack look complete
+        for part in self.parts if self.shard_sink is None else []:  # durable before the manifest
             with open(self.folder / part["name"], "rb") as f:
                 os.fsync(f.fileno())
         index = self.index.to_bytes()

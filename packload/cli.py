@@ -31,6 +31,7 @@ from packload.cli_parser import (
 )
 from packload.core.display import json_text, safe_lines
 from packload.core.errors import PackloadError, UsageError
+from packload.core.remote import is_url
 from packload.core.version import __version__
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -82,8 +83,10 @@ def _add_pack(sub: Any) -> None:
 
 def add_pack_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of ``pack`` (shared by ``packload pack`` and the ``pack`` command)."""
-    p.add_argument("src", help="folder of images, one sub-folder per class")
-    p.add_argument("dst", help="DEST.lmdb for one LMDB file, any other name for a shards folder")
+    p.add_argument("src", help="folder of images, one sub-folder per class; or, with --engine ray, a URL "
+                               "(s3://bucket/images/)")
+    p.add_argument("dst", help="DEST.lmdb for one LMDB file, any other name for a shards folder; or a URL "
+                                "(s3://bucket/train.shards: shards uploaded as they are written)")
     p.add_argument("--format", choices=("lmdb", "shards"), help="override the backend the suffix picks")
     p.add_argument("--encoding", choices=("keep", "jpeg", "png", "raw"), default="keep",
                    help="keep: original bytes (default); jpeg/png: re-encode; raw: decoded pixels")
@@ -100,7 +103,7 @@ def add_pack_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strict", action="store_true", help="stop at the first file that cannot be packed")
     p.add_argument("--engine", choices=("local", "ray"), default="local",
                    help="local: worker processes on this machine (default); ray: Ray tasks, on a cluster with "
-                        "--ray-address (source and destination on storage every node sees)")
+                        "--ray-address (source and destination on storage every node sees, or URLs)")
     p.add_argument("--ray-address", metavar="ADDR",
                    help="Ray cluster to use with --engine ray ('auto': the running one; default: start a local one)")
     p.add_argument("--task-files", type=int, metavar="N",
@@ -150,9 +153,15 @@ def run_pack(args: argparse.Namespace) -> int:
     else:
         if args.ray_address or args.task_files is not None:
             raise UsageError("--ray-address and --task-files apply to --engine ray; add --engine ray")
-        result = pack(args.src, args.dst, backend=args.format, options=options, workers=args.workers,
-                      shard_size=args.shard_size, overwrite=args.overwrite, resume=args.resume,
-                      strict=args.strict, progress=not (args.quiet or args.json))
+        if is_url(args.src):
+            raise UsageError(f"{args.src}: a source at a URL is packed with --engine ray (its tasks fetch the "
+                             "objects); add --engine ray, or copy the images to a local folder first")
+        write = pack
+        if is_url(args.dst):  # shards uploaded as they are finished, the manifest last
+            from packload.packer.upload import pack_to_url as write
+        result = write(args.src, args.dst, backend=args.format, options=options, workers=args.workers,
+                       shard_size=args.shard_size, overwrite=args.overwrite, resume=args.resume,
+                       strict=args.strict, progress=not (args.quiet or args.json))
     lines = [pack_summary(result)]
     if result["skipped"] or result["ignored"]:
         lines.append(f"skipped {result['skipped']} broken file(s), left out {result['ignored']} other file(s); "

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +34,7 @@ from packload.core.errors import PackFormatError, UsageError
 from packload.core.format import INDEX_NAME, MANIFEST_NAME, decode_index, pack_size
 from packload.core.manifest import build_manifest, encode_manifest, ignored_count, skipped_count
 from packload.core.progress import progress_bar
+from packload.core.remote import download_pack, is_url
 from packload.packer.combine import ShardSource, copy_records, joined_index, label_map, place_shards
 from packload.packer.destination import (
     check_apart,
@@ -49,6 +51,7 @@ from packload.packer.destination import (
 )
 from packload.packer.destination_lock import DestinationLock
 from packload.packer.pipeline import LMDB_MAP_PER_FILE, backend_for
+from packload.packer.upload import upload_pack
 from packload.packer.write_lmdb import LmdbWriter
 from packload.packer.write_shards import ShardsWriter, fsync_dir, write_file_atomic
 
@@ -169,7 +172,11 @@ def merge(out: str | os.PathLike[str], inputs: list[str | os.PathLike[str]], *, 
           overwrite: bool = False, progress: bool = True) -> dict[str, Any]:
     """Join the complete packs ``inputs`` into ``out`` (an LMDB file or shards folder; the suffix
     picks, as for ``pack``). Classes become the sorted union; records keep their order. Damaged
-    inputs are refused (see the module's notes). Returns a summary."""
+    inputs are refused (see the module's notes). Returns a summary. Inputs at URLs are copied
+    whole into a temporary folder first; an ``out`` URL is merged there, then uploaded (the
+    manifest last)."""
+    if is_url(out) or any(is_url(p) for p in inputs):
+        return _merge_remote(out, inputs, backend=backend, overwrite=overwrite, progress=progress)
     started = time.perf_counter()
     out_path, paths = Path(out), [Path(p) for p in inputs]
     if not paths:
@@ -208,6 +215,29 @@ def merge(out: str | os.PathLike[str], inputs: list[str | os.PathLike[str]], *, 
         "pack_bytes": pack_size(out_path),
         "seconds": round(time.perf_counter() - started, 3),
     }
+
+
+def _merge_remote(out: str | os.PathLike[str], inputs: list[str | os.PathLike[str]], *, backend: str | None,
+                  overwrite: bool, progress: bool) -> dict[str, Any]:
+    """``merge`` with inputs or ``out`` at URLs, through a temporary folder."""
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="packload-merge-") as folder:
+        local_inputs: list[str | os.PathLike[str]] = []
+        for k, item in enumerate(inputs):
+            if is_url(item):
+                os.mkdir(os.path.join(folder, f"input-{k}"))
+                local_inputs.append(download_pack(str(item), os.path.join(folder, f"input-{k}")))
+            else:
+                local_inputs.append(item)
+        if not is_url(out):
+            result = merge(out, local_inputs, backend=backend, overwrite=overwrite, progress=progress)
+        else:
+            name = str(out).rstrip("/").rsplit("/", 1)[-1]
+            local_out = Path(folder) / name
+            result = merge(local_out, local_inputs, backend=backend, overwrite=False, progress=progress)
+            upload_pack(local_out, str(out), overwrite)
+            result["destination"] = str(out).rstrip("/")
+    return dict(result, inputs=[str(p) for p in inputs], seconds=round(time.perf_counter() - started, 3))
 
 
 def _merge_into(readers: list[Any], tmp: Path, backend: str, out_path: Path,

@@ -10,11 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from packload.core.errors import UsageError
+from packload.core.errors import SkippedFileError, UsageError
 from packload.core.scan import scan_folder
 from packload.loaders.read import PackReader
 from packload.packer.encode import Encoded, EncodeOptions, Skipped
-from packload.packer.pipeline import backend_for, encoded_stream, options_from_record, pack, partial_path
+from packload.packer.pipeline import (
+    backend_for,
+    encoded_stream,
+    options_from_record,
+    pack,
+    partial_path,
+    write_or_skip,
+)
 from tests.image_factory import make_image_folder, write_broken_files
 
 
@@ -93,3 +100,14 @@ def test_arguments_are_refused_before_anything_is_written(source: Path, tmp_path
     with pytest.raises(UsageError, match="inside the source"):
         pack(source, source / "p.shards", workers=1, progress=False)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("root, shown", [("s3://bucket/images/", "s3://bucket/images/cat/bad.jpg"),
+                                         ("/data/images", "/data/images/cat/bad.jpg")])
+def test_strict_names_the_broken_file_where_it_is(root: str, shown: str) -> None:
+    skipped: list[dict] = []
+    with pytest.raises(SkippedFileError) as caught:
+        write_or_skip(Skipped("cat/bad.jpg", "not an image"), 7, root, None, skipped, strict=True)  # type: ignore[arg-type]
+    assert str(caught.value).startswith(f"{shown}: not an image;")
+    assert write_or_skip(Skipped("cat/bad.jpg", "not an image"), 7, root, None, skipped, strict=False) == 0  # type: ignore[arg-type]
+    assert skipped == [{"path": "cat/bad.jpg", "reason": "not an image", "pos": 7}]

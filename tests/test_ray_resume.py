@@ -20,7 +20,8 @@ from packload.cli import main
 from packload.core.format import RAY_RUN_NAME, TASK_DONE_NAME, TASK_PLACED_NAME
 from packload.core.scan import scan_folder
 from packload.loaders.verify import verify
-from packload.packer.ray_engine import split_ranges, staging_path
+from packload.packer.ray_engine import split_ranges
+from packload.packer.ray_folder import staging_path
 from packload.packer.ray_resume import kept_tasks, run_record, source_digest, write_run_record
 from packload.packer.ray_tasks import done_result, pack_range, place_task, placed_result, task_name
 from tests.image_factory import make_image_folder, write_broken_files

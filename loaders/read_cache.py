@@ -1,0 +1,138 @@
+"""A bounded local cache directory of byte blocks fetched from an object store.
+
+Each block is one file, ``CACHE_DIR/<pack id>/<name>.<block number>``, written through a temporary
+file and renamed, so a reader (in this process or another: DataLoader workers share the folder)
+finds either a whole block or none. Before a block is written, the oldest files (least recently
+used) are deleted until the new one fits: the files under the folder never take more than
+``limit`` bytes together. Writers in several processes take turns under a lock file, so the
+limit holds across them too. A block larger than the whole limit is not kept.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+from pathlib import Path
+
+DEFAULT_CACHE_LIMIT = 20 << 30  # bytes: a few epochs' worth of a mid-sized pack
+LOCK_NAME = ".lock"
+_TMP_MARK = ".tmp-"
+
+
+def default_cache_dir() -> Path:
+    """``$PACKLOAD_CACHE``, else ``$XDG_CACHE_HOME/packload``, else ``~/.cache/packload``."""
+    if os.environ.get("PACKLOAD_CACHE"):
+        return Path(os.environ["PACKLOAD_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "packload"
+
+
+class BlockCache:
+    """Files of fetched bytes under ``folder``, never more than ``limit`` bytes in all."""
+
+    def __init__(self, folder: str | os.PathLike[str] | None = None, limit: int | None = None) -> None:
+        self.folder = Path(folder) if folder is not None else default_cache_dir()
+        self.limit = DEFAULT_CACHE_LIMIT if limit is None else int(limit)
+        if self.limit < 0:
+            raise ValueError(f"cache_limit {limit}: give a number of bytes, 0 or more")
+        self._lock = threading.Lock()
+
+    def path(self, pack: str, name: str) -> Path:
+        return self.folder / pack / name
+
+    def get(self, pack: str, name: str, size: int) -> Path | None:
+        """The cached file of ``name`` when it is there whole (``size`` bytes), marked as used."""
+        path = self.path(pack, name)
+        try:
+            if path.stat().st_size != size:
+                return None
+            os.utime(path)  # least recently used goes first
+        except OSError:
+            return None
+        return path
+
+    def put(self, pack: str, name: str, data: bytes | memoryview) -> Path | None:
+        """Keep ``data`` as ``name``; returns its file, or None when it cannot be kept (larger than
+        the limit, or the folder cannot be written: the bytes are then only in memory)."""
+        if len(data) > self.limit:
+            return None
+        path = self.path(pack, name)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with self._lock, self._folder_lock():
+                self.make_room(len(data))
+                tmp = path.with_name(f"{path.name}{_TMP_MARK}{os.getpid()}-{threading.get_ident()}")
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, path)
+        except OSError:
+            return None
+        return path
+
+    def reserve(self, pack: str, name: str, size: int) -> Path:
+        """Make room for a file of ``size`` bytes to be written as ``name`` (through a temporary file
+        the caller renames); the temporary path. OSError when it cannot fit."""
+        if size > self.limit:
+            raise OSError(f"{size:,} bytes do not fit a cache limited to {self.limit:,}")
+        path = self.path(pack, name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with self._lock, self._folder_lock():
+            self.make_room(size)
+            tmp = path.with_name(f"{path.name}{_TMP_MARK}{os.getpid()}-{threading.get_ident()}")
+            with open(tmp, "wb") as f:
+                f.truncate(size)  # holds its place: other writers count it
+        return tmp
+
+    def make_room(self, size: int) -> None:
+        """Delete the least recently used files until ``size`` more bytes fit under the limit
+        (called with the folder's lock held)."""
+        files = self.files()
+        total = sum(length for _, _, length in files)
+        for _, path, length in sorted(files):
+            if total + size <= self.limit:
+                break
+            try:
+                path.unlink()
+            except OSError:
+                continue
+            total -= length
+
+    def files(self) -> list[tuple[float, Path, int]]:
+        """(last use, path, bytes) of every file under the folder, the lock file aside."""
+        found = []
+        for dirpath, _, names in os.walk(self.folder):
+            for name in names:
+                if name == LOCK_NAME:
+                    continue
+                path = Path(dirpath) / name
+                try:
+                    info = path.stat()
+                except OSError:
+                    continue
+                found.append((info.st_mtime, path, info.st_size))  # a reserved file counts whole
+        return found
+
+    def used(self) -> int:
+        """Bytes the folder's files take now."""
+        return sum(length for _, _, length in self.files())
+
+    def _folder_lock(self) -> _FileLock:
+        return _FileLock(self.folder / LOCK_NAME)
+
+
+class _FileLock:
+    """An exclusive ``flock`` on a file, held for a ``with`` block (writers in other processes wait)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd = -1
+
+    def __enter__(self) -> _FileLock:
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self.fd)  # releases the lock
+        self.fd = -1

@@ -1,0 +1,355 @@
+"""Packs on object stores for ``PackReader``: a shards pack read by large ranged requests through a
+bounded local cache (``RemoteShardsPack``), and an LMDB pack fetched whole into the cache
+(``fetch_lmdb``: LMDB needs a local file).
+
+A shards pack is read as blocks of ``block_size`` bytes of each shard: the manifest first (always
+from the store: it says which pack is there now), then the index (from the cache when it holds
+this pack's), then the blocks that the records asked for lie in, many requests in flight at once.
+Fetched blocks go into the cache directory (``loaders.read_cache``) and are read from there by
+every process (DataLoader workers share the folder), so a second epoch reads the local disk.
+``advise`` (a sampler's announcement) queues the blocks of the records coming next on threads of
+their own; a batch that needs a block being fetched waits for that request, never a second one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from packload.core.errors import ChecksumError, IncompletePackError, PackFormatError, UsageError
+from packload.core.format import (
+    FORMAT_VERSION,
+    INDEX_NAME,
+    MANIFEST_NAME,
+    PROGRESS_NAME,
+    SHARD_HEADER,
+    check_entries_fit,
+    decode_index,
+    decode_shard_header,
+    shard_number,
+)
+from packload.core.manifest import MANIFEST_LIMIT, decode_manifest
+from packload.core.remote import RemoteMissingError, RemoteStore
+from packload.loaders.prefetch import distinct
+from packload.loaders.read_cache import BlockCache
+
+DEFAULT_BLOCK_SIZE = 8 << 20  # bytes per ranged request and per cached file
+FETCH_THREADS = 32  # requests in flight for a batch's blocks, and again for announced ones
+_BLOCKS_MAPPED = 64  # cached blocks kept mapped in this process
+_WHOLE_PARTS_KEPT = 2  # whole shards joined in memory for ``part_view``
+
+
+class RemoteShardsPack:
+    """One shards pack on an object store: manifest, index, and shards read block by block."""
+
+    backend = "shards"
+
+    def __init__(self, store: RemoteStore, cache: BlockCache, block_size: int = DEFAULT_BLOCK_SIZE) -> None:
+        if block_size < 1 << 12:
+            raise UsageError(f"block_size {block_size}: give at least 4096 bytes")
+        self.store = store
+        self.path = store.url
+        self.cache = cache
+        self.block_size = block_size
+        self._mapped: OrderedDict[tuple[int, int], Any] = OrderedDict()
+        self._whole: OrderedDict[int, memoryview] = OrderedDict()
+        self._inflight: dict[tuple[int, int], Future[Any]] = {}
+        self._lock = threading.Lock()
+        self._pools: tuple[ThreadPoolExecutor, ThreadPoolExecutor] | None = None
+        self._pid = os.getpid()
+        self._open()
+
+    # -- opening ---------------------------------------------------------------------------
+    def _open(self) -> None:
+        listing = self.store.listing()
+        if MANIFEST_NAME not in listing:
+            self._refuse_without_manifest(listing)
+        raw = self.store.read_range(MANIFEST_NAME, 0, listing[MANIFEST_NAME]) \
+            if listing[MANIFEST_NAME] <= MANIFEST_LIMIT else b"x" * (MANIFEST_LIMIT + 1)
+        self.manifest = decode_manifest(raw, self.store.url_of(MANIFEST_NAME))
+        if self.manifest["backend"] != "shards":
+            raise PackFormatError(f"{self.store.url_of(MANIFEST_NAME)}: manifest is for a "
+                                  f"{self.manifest['backend']} pack")
+        self.key = _cache_key(self.manifest)
+        self.part_names, sizes = self._shard_list(listing)
+        self.part_sizes = np.array(sizes, dtype=np.int64)
+        self._index = self._read_index(listing)
+        where = self.store.url_of(INDEX_NAME)
+        self.entries, self.paths = decode_index(self._index, where)
+        check_entries_fit(self.entries, self.part_sizes.astype(np.uint64), where)
+
+    def _refuse_without_manifest(self, listing: dict[str, int]) -> None:
+        url = self.store.url
+        if not listing:
+            if self.store.kind() is None:
+                self.store.check_bucket()
+                raise RemoteMissingError(f"{url}: no such pack (nothing is stored under it); give the URL "
+                                         "`pack` wrote to")
+        if PROGRESS_NAME in listing or any(shard_number(name) is not None for name in listing):
+            raise IncompletePackError(f"{url}: no {MANIFEST_NAME}: this pack did not finish (or is being "
+                                      "written now); pack it again, or wait for the pack to finish")
+        raise UsageError(f"{url}: not a pack (no {MANIFEST_NAME}); give a shards folder that `pack` wrote")
+
+    def _shard_list(self, listing: dict[str, int]) -> tuple[list[str], list[int]]:
+        """The shards' names and sizes from the manifest, each checked against the store's listing."""
+        where = self.store.url_of(MANIFEST_NAME)
+        parts = self.manifest.get("parts")
+        if not isinstance(parts, list) or not all(isinstance(p, dict) and isinstance(p.get("name"), str)
+                                                  for p in parts):
+            raise PackFormatError(f"{where}: manifest has no valid shard list; the pack is damaged")
+        names, sizes = [], []
+        for part in parts:
+            name = part["name"]
+            if "/" in name or "\\" in name or "\0" in name or name.startswith(".") or not name:
+                raise PackFormatError(f"{where}: shard name {name!r} is not a plain file name")
+            if name not in listing:
+                raise PackFormatError(f"{self.store.url_of(name)}: shard missing; the pack is incomplete, "
+                                      "upload it again")
+            if listing[name] != part.get("size"):
+                raise PackFormatError(f"{self.store.url_of(name)}: {listing[name]} bytes, the manifest says "
+                                      f"{part.get('size')}; the shard is truncated or changed, upload it again")
+            names.append(name)
+            sizes.append(listing[name])
+        return names, sizes
+
+    def _read_index(self, listing: dict[str, int]) -> bytes:
+        """The index, from the cache when it holds this pack's (its size and sha256 checked), else
+        fetched and kept there."""
+        where = self.store.url_of(INDEX_NAME)
+        if INDEX_NAME not in listing:
+            raise PackFormatError(f"{where}: missing; the pack is incomplete, upload it again")
+        size = listing[INDEX_NAME]
+        expected = self.manifest.get("index", {})
+        if size == 0 or ("size" in expected and size != expected["size"]):
+            raise PackFormatError(f"{where}: {size} bytes, the manifest says {expected.get('size')}; the pack "
+                                  "is damaged")
+        cached = self.cache.get(self.key, INDEX_NAME, size)
+        if cached is not None:
+            data = cached.read_bytes()
+            if hashlib.sha256(data).hexdigest() == expected.get("sha256"):
+                return data
+        data = self.store.read_all(INDEX_NAME, size)
+        self.cache.put(self.key, INDEX_NAME, data)
+        return data
+
+    # -- blocks ----------------------------------------------------------------------------
+    def _block_range(self, part: int, block: int) -> tuple[int, int]:
+        start = block * self.block_size
+        return start, min(int(self.part_sizes[part]), start + self.block_size)
+
+    def _block_name(self, part: int, block: int) -> str:
+        return f"{self.part_names[part]}.{block}"
+
+    def _cached(self, part: int, block: int) -> Any:
+        """Block ``block`` of shard ``part`` from this process's maps or the cache folder, or None."""
+        key = (part, block)
+        with self._lock:
+            found = self._mapped.get(key)
+            if found is not None:
+                self._mapped.move_to_end(key)
+                return found
+        start, stop = self._block_range(part, block)
+        path = self.cache.get(self.key, self._block_name(part, block), stop - start)
+        if path is None:
+            return None
+        try:
+            with open(path, "rb") as f:
+                found = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError):
+            return None  # deleted to make room meanwhile: fetched again
+        if block == 0:
+            self._check_header(part, found)
+        self._keep(key, found)
+        return found
+
+    def _keep(self, key: tuple[int, int], data: Any) -> None:
+        with self._lock:
+            self._mapped[key] = data
+            while len(self._mapped) > _BLOCKS_MAPPED:
+                self._mapped.popitem(last=False)  # a map is freed once no view of it is left
+
+    def _fetch(self, part: int, block: int) -> Any:
+        """Block ``block`` of shard ``part`` from the store, put in the cache (the bytes themselves
+        are kept mapped or, when the cache cannot keep them, in memory)."""
+        start, stop = self._block_range(part, block)
+        data = self.store.read_range(self.part_names[part], start, stop)
+        if block == 0:
+            self._check_header(part, data)
+        self.cache.put(self.key, self._block_name(part, block), data)
+        self._keep((part, block), data)
+        return data
+
+    def _check_header(self, part: int, data: Any) -> None:
+        header = decode_shard_header(bytes(data[: SHARD_HEADER.itemsize]))
+        where = self.store.url_of(self.part_names[part])
+        if header is None or header[1] != part:
+            raise PackFormatError(f"{where}: not shard {part} of this pack; the pack is damaged")
+        if header[0] != FORMAT_VERSION:
+            raise PackFormatError(f"{where}: shard format version {header[0]}, this packload reads version "
+                                  f"{FORMAT_VERSION}; upgrade packload or re-pack")
+
+    def _executors(self) -> tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
+        if self._pools is None or self._pid != os.getpid():  # threads do not survive a fork
+            self._pools = (ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="packload-remote"),
+                           ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="packload-remote-ahead"))
+            self._inflight = {}
+            self._pid = os.getpid()
+        return self._pools
+
+    def _request(self, key: tuple[int, int], ahead: bool) -> Future[Any]:
+        """The fetch of block ``key``: the one in flight, or a new one on the batch's (or, for an
+        announcement, the background's) threads."""
+        with self._lock:
+            future = self._inflight.get(key)
+            if future is not None:
+                return future
+            future = self._executors()[1 if ahead else 0].submit(self._fetch_once, key)
+            self._inflight[key] = future
+            return future
+
+    def _fetch_once(self, key: tuple[int, int]) -> Any:
+        try:
+            found = self._cached(*key)  # another process may have fetched it meanwhile
+            return found if found is not None else self._fetch(*key)
+        finally:
+            with self._lock:
+                self._inflight.pop(key, None)
+
+    def blocks(self, keys: list[tuple[int, int]]) -> dict[tuple[int, int], Any]:
+        """The bytes of every block ``keys``: cached ones at once, the rest fetched at once, in parallel."""
+        found: dict[tuple[int, int], Any] = {}
+        waiting: dict[tuple[int, int], Future[Any]] = {}
+        for key in keys:
+            data = self._cached(*key)
+            if data is not None:
+                found[key] = data
+            else:
+                waiting[key] = self._request(key, ahead=False)
+        for key, future in waiting.items():
+            found[key] = future.result()
+        return found
+
+    # -- reading ---------------------------------------------------------------------------
+    def payload_bytes(self, parts: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[bytes]:
+        """``bytes`` of each range of each shard, its blocks fetched together first."""
+        size = self.block_size
+        parts_l, starts_l, ends_l = parts.tolist(), starts.tolist(), ends.tolist()
+        keys = sorted({(p, b) for p, s, e in zip(parts_l, starts_l, ends_l, strict=True)
+                       for b in range(s // size, max(s, e - 1) // size + 1)})
+        data = self.blocks(keys)
+        out = []
+        for part, start, end in zip(parts_l, starts_l, ends_l, strict=True):
+            first, last = start // size, max(start, end - 1) // size
+            if first == last:
+                out.append(bytes(data[(part, first)][start - first * size : end - first * size]))
+            else:
+                out.append(b"".join(bytes(data[(part, b)][max(start, b * size) - b * size : min(end, (b + 1) * size) - b * size])
+                                    for b in range(first, last + 1)))
+        return out
+
+    def part_view(self, part: int) -> memoryview:
+        """The whole of shard ``part``, joined in memory (checked against the manifest's sha256):
+        what readers of whole shards need (``PackLoader``'s raw path, ``verify``)."""
+        whole = self._whole.get(part)
+        if whole is not None:
+            return whole
+        size = int(self.part_sizes[part])
+        blocks = self.blocks([(part, b) for b in range(-(-size // self.block_size))])
+        joined = b"".join(bytes(blocks[(part, b)]) for b in range(len(blocks)))
+        expected = self.manifest["parts"][part].get("sha256")
+        if expected and hashlib.sha256(joined).hexdigest() != expected:
+            raise ChecksumError(f"{self.store.url_of(self.part_names[part])}: sha256 differs from the manifest; "
+                                "the shard (or its cached copy) is damaged: upload it again, or clear the cache")
+        self._whole[part] = memoryview(joined)
+        while len(self._whole) > _WHOLE_PARTS_KEPT:
+            self._whole.popitem(last=False)
+        return self._whole[part]
+
+    def advise(self, parts: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> int:
+        """Queue the fetch of every block these byte ranges lie in that is not cached or in flight,
+        on background threads, and return at once; returns the bytes asked for."""
+        size = self.block_size
+        asked = 0
+        for part in distinct(parts).tolist():
+            mine = parts == part
+            firsts = starts[mine] // size
+            lasts = np.maximum(starts[mine], ends[mine] - 1) // size
+            wanted = distinct(np.concatenate([np.arange(first, last + 1) for first, last
+                                              in zip(firsts.tolist(), lasts.tolist(), strict=True)]))
+            for block in wanted.tolist():
+                with self._lock:
+                    if (part, block) in self._mapped or (part, block) in self._inflight:
+                        continue
+                start, stop = self._block_range(part, block)
+                if self.cache.get(self.key, self._block_name(part, block), stop - start) is None:
+                    self._request((part, block), ahead=True)
+                    asked += stop - start
+        return asked
+
+    # -- what PackReader asks of a pack ----------------------------------------------------
+    def part_sizes_of(self, parts: np.ndarray) -> np.ndarray:
+        return self.part_sizes[parts]
+
+    def part_label(self, part: int) -> str:
+        return self.part_names[part]
+
+    def index_bytes(self) -> bytes:
+        return self._index
+
+    def close(self) -> None:
+        """Stop the fetches not started yet (the running ones finish) and let the maps go."""
+        if self._pools is not None and self._pid == os.getpid():
+            self._pools[0].shutdown(wait=False, cancel_futures=True)
+            self._pools[1].shutdown(wait=True, cancel_futures=True)
+        self._pools = None
+        self.entries = np.zeros(0, self.entries.dtype) if hasattr(self, "entries") else None
+        self._mapped.clear()
+        self._whole.clear()
+
+
+def _cache_key(manifest: dict[str, Any]) -> str:
+    """The cache folder of this pack: its manifest's ``id`` (new for every pack written), so a pack
+    written again at the same URL never reads the old one's blocks."""
+    identity = manifest.get("id") or manifest.get("index", {}).get("sha256") or ""
+    return "pack-" + hashlib.sha256(str(identity).encode()).hexdigest()[:32]
+
+
+def fetch_lmdb(store: RemoteStore, cache: BlockCache) -> str:
+    """The local path of the LMDB pack at ``store``: fetched whole into the cache, by ranged requests
+    in flight at once, unless the cache holds this very object (same size and ETag) already."""
+    info = store.info()
+    if info.get("type") == "directory":
+        raise UsageError(f"{store.url}: a folder without a pack manifest; give a shards pack or an .lmdb object")
+    size = int(info["size"])
+    tag = str(info.get("ETag") or info.get("etag") or info.get("md5Hash") or info.get("LastModified") or "")
+    key = "lmdb-" + hashlib.sha256(f"{store.url}\0{size}\0{tag}".encode()).hexdigest()[:32]
+    name = store.url.rstrip("/").rsplit("/", 1)[-1] or "pack.lmdb"
+    cached = cache.get(key, name, size)
+    if cached is not None:
+        return str(cached)
+    try:
+        tmp = cache.reserve(key, name, size)
+    except OSError:
+        raise UsageError(f"{store.url}: an LMDB pack of {size:,} bytes does not fit the cache of "
+                         f"{cache.limit:,} bytes at {cache.folder} (LMDB packs are fetched whole); raise "
+                         "cache_limit, or pack the images as shards") from None
+    fd = os.open(tmp, os.O_WRONLY)
+    try:
+        store.download("", size, fd)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    final = cache.path(key, name)
+    try:
+        os.replace(tmp, final)
+    except FileNotFoundError:
+        raise UsageError(f"{store.url}: the cache at {cache.folder} made room for other files while the LMDB pack "
+                         "was fetched; raise cache_limit and retry") from None
+    return str(final)

@@ -1,0 +1,132 @@
+"""``pack --engine ray`` to a folder on storage every node sees (a local disk for one machine, a shared
+file system for a cluster): each task writes its range into its own folder under ``DEST.partial``
+(``DEST.partial-tasks`` for an LMDB pack); the driver joins them there (shards renamed and
+renumbered into place, or records copied into the LMDB file), writes the index and the manifest
+last, and publishes by rename, as ``pack`` does. A failed run's leftovers are removed; a killed
+driver's are kept for ``--resume``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+from typing import Any
+
+import lmdb
+
+from packload.core.format import INDEX_NAME, MANIFEST_NAME, RAY_RUN_NAME, pack_size
+from packload.core.manifest import encode_manifest
+from packload.packer.combine import ShardPayloads, ShardSource, copy_records
+from packload.packer.destination import (
+    check_destination,
+    check_partial,
+    creation_error,
+    exists,
+    partial_path,
+    publish,
+    remove_ours,
+)
+from packload.packer.pipeline import LMDB_MAP_PER_FILE
+from packload.packer.ray_resume import kept_tasks, previous_run, write_run_record
+from packload.packer.ray_tasks import task_name, task_source
+from packload.packer.write_lmdb import LmdbWriter
+from packload.packer.write_shards import fsync_dir, write_file_atomic
+
+
+class LocalTarget:
+    """A pack on this machine's file system (shared by every node): the tasks' folders under
+    ``DEST.partial`` (``DEST.partial-tasks`` for an LMDB pack), joined there and published by
+    rename; a failed run's leftovers are removed."""
+
+    after_failure = "nothing was published; fix the cause (every node must see the source and destination " \
+                    "folders) and pack again"
+
+    def __init__(self, dst: Path, backend: str) -> None:
+        self.dst, self.backend, self.destination = dst, backend, str(dst)
+        self.tmp = partial_path(dst)
+        self.staging = self.tmp if backend == "shards" else staging_path(dst)
+        self.place_into = str(self.tmp.resolve()) if backend == "shards" else None
+
+    def task_out(self, k: int) -> str:
+        """Where task ``k`` writes its folder."""
+        return str(self.staging.resolve() / task_name(k))
+
+    def check(self, overwrite: bool) -> None:
+        check_destination(self.dst, overwrite)
+
+    def previous(self, now: dict[str, Any], task_files: int | None, resume: bool, overwrite: bool,
+                 root: str) -> dict[str, Any] | None:
+        for leftover in dict.fromkeys((self.tmp, self.staging)):
+            check_partial(leftover)
+        return previous_run(self.staging, self.tmp, now, task_files, resume, overwrite, Path(root))
+
+    def begin(self, record: dict[str, Any]) -> None:
+        try:
+            self.staging.mkdir()
+            write_run_record(self.staging, record)
+        except OSError as exc:
+            raise creation_error(self.staging, exc) from None
+
+    def resume(self, ranges: list[tuple[int, int]]) -> tuple[dict[int, dict[str, Any]], dict[int, dict[str, Any]]]:
+        if self.backend == "lmdb" and exists(self.tmp):
+            remove_ours(self.tmp)  # a join the driver did not finish: done again
+        return kept_tasks(self.staging, ranges, self.tmp if self.backend == "shards" else None)
+
+    def sources(self, results: list[dict[str, Any]]) -> list[ShardSource]:
+        return [task_source(self.staging / task_name(r["task"])) for r in results]
+
+    def finish(self, sources: list[ShardSource], parts: list[dict[str, Any]], index: bytes,
+               manifest: dict[str, Any], files: int) -> None:
+        if self.backend == "shards":
+            _finish_shards(sources, parts, self.tmp, index, manifest)
+        else:
+            _join_lmdb(sources, self.tmp, files, manifest)
+            shutil.rmtree(self.staging)
+
+    def discard(self) -> None:
+        for leftover in dict.fromkeys((self.tmp, self.staging)):
+            if exists(leftover):
+                remove_ours(leftover)
+
+    def publish(self) -> int:
+        publish(self.tmp, self.dst)
+        return pack_size(self.dst)
+
+
+def staging_path(dst: Path) -> Path:
+    """Where the tasks of an LMDB pack write their ranges: ``DEST.partial-tasks``."""
+    return dst.with_name(dst.name + ".partial-tasks")
+
+
+def _finish_shards(sources: list[ShardSource], parts: list[dict[str, Any]], tmp: Path, index: bytes,
+                   manifest: dict[str, Any]) -> None:
+    """With every shard in place: write the index, drop the task folders and the run record, and
+    write the manifest last. (A driver killed before the manifest leaves a pack that resumes: a task
+    folder already dropped is packed again, and its shards replace the same ones.)"""
+    write_file_atomic(tmp / INDEX_NAME, index)
+    for source in sources:
+        shutil.rmtree(source.folder)
+    (tmp / RAY_RUN_NAME).unlink()
+    manifest.update(parts=parts, index={"name": INDEX_NAME, "size": len(index),
+                                        "sha256": hashlib.sha256(index).hexdigest()})
+    write_file_atomic(tmp / MANIFEST_NAME, encode_manifest(manifest))
+    fsync_dir(tmp)
+
+
+def _join_lmdb(sources: list[ShardSource], tmp: Path, files: int, manifest: dict[str, Any]) -> None:
+    """Copy every task's records, in order, into the LMDB file ``tmp`` (chunks as ``pack`` makes)."""
+    try:
+        writer = LmdbWriter(tmp, max(1 << 30, files * LMDB_MAP_PER_FILE))
+    except lmdb.Error as exc:
+        raise creation_error(tmp, exc) from None
+    try:
+        for source in sources:
+            payloads = ShardPayloads(source)
+            try:
+                copy_records(source.entries, source.paths, payloads, writer.write)
+            finally:
+                payloads.close()
+        manifest.update(writer.finish(manifest))
+    finally:
+        writer.close()

@@ -1,0 +1,179 @@
+"""Helpers (not tests): a real S3-compatible server on 127.0.0.1 (moto's server mode) behind a small
+HTTP proxy of our own that counts the requests, can add a delay to each (the benchmark's round
+trip), and can cut the connection of chosen requests halfway through their answer (a dropped
+connection mid-read).
+
+    with ObjectStore() as store:          # moto on a free port, the proxy in front of it
+        store.make_bucket("bkt")
+        store.options                     # fsspec storage_options pointing at the proxy
+        store.proxy.requests              # [(method, path, range header), ...] seen so far
+        store.proxy.cut_next(2, "GET", "/bkt/p.shards/shard-")  # cut the next 2 such answers
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+# moto's server accepts any key; botocore must find one, and must not ask a cloud's metadata service.
+FAKE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                    "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+_RELAY_PIECE = 1 << 20  # bytes relayed per write
+_HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection"}
+
+
+class CountingProxy:
+    """An HTTP proxy to ``upstream`` on 127.0.0.1 that notes every request it forwards."""
+
+    def __init__(self, upstream: tuple[str, int], delay_s: float = 0.0) -> None:
+        self.upstream = upstream
+        self.delay_s = delay_s
+        self.requests: list[tuple[str, str, str]] = []
+        self._cuts: list[list[Any]] = []  # [count left, method, path prefix]
+        self._lock = threading.Lock()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:  # quiet
+                pass
+
+            def _forward(self) -> None:
+                proxy._handle(self)
+
+            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def cut_next(self, count: int, method: str, path_prefix: str) -> None:
+        """Cut the connection halfway through the body of the next ``count`` answers to requests
+        ``method`` of a path starting with ``path_prefix``."""
+        with self._lock:
+            self._cuts.append([count, method, path_prefix])
+
+    def _should_cut(self, method: str, path: str) -> bool:
+        with self._lock:
+            for cut in self._cuts:
+                if cut[0] > 0 and method == cut[1] and path.startswith(cut[2]):
+                    cut[0] -= 1
+                    return True
+        return False
+
+    def count(self, method: str | None = None, path_prefix: str = "", ranged: bool | None = None) -> int:
+        """Requests seen of ``method`` (any when None) to paths starting with ``path_prefix``
+        (``ranged``: only those with, or without, a Range header)."""
+        with self._lock:
+            return sum(1 for m, p, r in self.requests if (method is None or m == method) and p.startswith(path_prefix)
+                       and (ranged is None or bool(r) == ranged))
+
+    def _handle(self, handler: BaseHTTPRequestHandler) -> None:
+        method, path = handler.command, handler.path
+        with self._lock:
+            self.requests.append((method, path, handler.headers.get("Range", "")))
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        length = int(handler.headers.get("Content-Length") or 0)
+        body = handler.rfile.read(length) if length else None
+        headers = {k: v for k, v in handler.headers.items() if k.lower() not in _HOP_HEADERS}
+        upstream = http.client.HTTPConnection(*self.upstream, timeout=60)
+        try:
+            upstream.request(method, path, body=body, headers=headers)
+            answer = upstream.getresponse()
+            size = answer.getheader("Content-Length")
+            if method == "HEAD" or size is None:  # no length to stream by: the whole answer first
+                data: bytes | None = answer.read()
+                size = answer.getheader("Content-Length", "0") if method == "HEAD" else str(len(data))
+            else:
+                data = None  # streamed below, as it arrives
+            cut = self._should_cut(method, path) and int(size) > 1 and method != "HEAD"
+            handler.send_response(answer.status, answer.reason)
+            for key, value in answer.getheaders():
+                if key.lower() not in _HOP_HEADERS and key.lower() != "content-length":
+                    handler.send_header(key, value)
+            # A HEAD answer's length is the object's, not its (empty) body's.
+            handler.send_header("Content-Length", size)
+            if cut:
+                handler.send_header("Connection", "close")
+            handler.end_headers()
+            if method == "HEAD":
+                return
+            self._relay(handler, answer, data, int(size) // 2 if cut else int(size))
+        finally:
+            upstream.close()
+        if cut:  # half the body went out: now the connection goes away
+            handler.wfile.flush()
+            handler.connection.shutdown(socket.SHUT_RDWR)
+            handler.close_connection = True
+
+    @staticmethod
+    def _relay(handler: BaseHTTPRequestHandler, answer: http.client.HTTPResponse, data: bytes | None,
+               count: int) -> None:
+        """Write the first ``count`` bytes of the answer's body to the client, in large pieces as they
+        arrive from upstream (so the proxy adds little but its delay)."""
+        if data is not None:
+            handler.wfile.write(data[:count])
+            return
+        piece = bytearray(_RELAY_PIECE)
+        view = memoryview(piece)
+        while count > 0:
+            got = answer.readinto(view[: min(count, _RELAY_PIECE)])
+            if not got:
+                break
+            handler.wfile.write(view[:got])
+            count -= got
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class ObjectStore:
+    """moto's S3 server on a free port of 127.0.0.1, a ``CountingProxy`` in front of it."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        from moto.server import ThreadedMotoServer  # noqa: PLC0415 - a dev extra; tests skip without it
+
+        for key, value in FAKE_CREDENTIALS.items():
+            os.environ.setdefault(key, value)
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self.server.start()
+        host, port = self.server.get_host_and_port()
+        self.proxy = CountingProxy((host, port), delay_s)
+        self.options: dict[str, Any] = {"client_kwargs": {"endpoint_url": self.proxy.endpoint},
+                                        "skip_instance_cache": True}
+
+    def filesystem(self) -> Any:
+        import s3fs  # noqa: PLC0415
+
+        return s3fs.S3FileSystem(**self.options)
+
+    def make_bucket(self, name: str) -> None:
+        """Create bucket ``name`` (moto keeps one store per process: another server may have made it)."""
+        try:
+            self.filesystem().mkdir(name)
+        except FileExistsError:
+            pass
+
+    def close(self) -> None:
+        self.proxy.close()
+        self.server.stop()
+
+    def __enter__(self) -> ObjectStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
