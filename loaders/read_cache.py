@@ -6,6 +6,10 @@ finds either a whole block or none. Before a block is written, the oldest files 
 used) are deleted until the new one fits: the files under the folder never take more than
 ``limit`` bytes together. Writers in several processes take turns under a lock file, so the
 limit holds across them too. A block larger than the whole limit is not kept.
+
+``fetching(pack, name)`` is a lock of one block across processes: the process that holds it fetches
+the block, and another that wants the same block waits for it and then reads the cached file, so
+DataLoader workers and the sampler's announcements never fetch one block twice.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from pathlib import Path
 
 DEFAULT_CACHE_LIMIT = 20 << 30  # bytes: a few epochs' worth of a mid-sized pack
 LOCK_NAME = ".lock"
+FETCHING_MARK = ".fetching"  # suffix of a block's lock file while a process fetches it
 _TMP_MARK = ".tmp-"
 
 
@@ -84,6 +89,13 @@ class BlockCache:
                 f.truncate(size)  # holds its place: other writers count it
         return tmp
 
+    def fetching(self, pack: str, name: str) -> _FileLock:
+        """A lock on block ``name`` held while it is fetched (``with cache.fetching(...)``): another
+        process asking for it waits until it is done. The lock file is removed when released."""
+        path = self.path(pack, name + FETCHING_MARK)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return _FileLock(path, remove=True)
+
     def make_room(self, size: int) -> None:
         """Delete the least recently used files until ``size`` more bytes fit under the limit
         (called with the folder's lock held)."""
@@ -103,7 +115,7 @@ class BlockCache:
         found = []
         for dirpath, _, names in os.walk(self.folder):
             for name in names:
-                if name == LOCK_NAME:
+                if name == LOCK_NAME or name.endswith(FETCHING_MARK):  # empty, and held by someone
                     continue
                 path = Path(dirpath) / name
                 try:
@@ -124,8 +136,9 @@ class BlockCache:
 class _FileLock:
     """An exclusive ``flock`` on a file, held for a ``with`` block (writers in other processes wait)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, remove: bool = False) -> None:
         self.path = path
+        self.remove = remove  # delete the file on release (one lock file per fetch, not kept)
         self.fd = -1
 
     def __enter__(self) -> _FileLock:
@@ -134,5 +147,10 @@ class _FileLock:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self.remove:  # whoever waits holds the old file: it then finds the block cached
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
         os.close(self.fd)  # releases the lock
         self.fd = -1
