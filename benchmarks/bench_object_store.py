@@ -41,12 +41,13 @@ from PIL import Image
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-READERS = ("packload", "litdata", "streaming")
+# packload in stored order (as the peers read here), and with its block-local shuffle (a training run's order)
+READERS = ("packload", "packload-shuffled", "litdata", "streaming")
 MODES = ("bytes", "decoded")
 BATCH = 64
 OBJECT_SIZE = 64 << 20  # bytes: packload's shards, LitData's chunks and Streaming's shards alike
 BUCKET = "bkt"
-WHERE = {"packload": "p.shards", "litdata": "litdata", "streaming": "mds"}
+WHERE = {"packload": "p.shards", "packload-shuffled": "p.shards", "litdata": "litdata", "streaming": "mds"}
 CHILD_TIMEOUT = 900  # seconds one read may take
 
 
@@ -128,7 +129,7 @@ def read(reader: str, mode: str, url: str, cache: Path, endpoint: str, workers: 
     """Read every image once through a DataLoader; the figures (timed from building the dataset)."""
     import torch.utils.data as tud  # noqa: PLC0415 - imports are the process's cost, not the read's: before the clock
 
-    if reader == "packload":
+    if reader.startswith("packload"):
         sys.path.insert(0, str(REPO))
         from packload.loaders.dataset import PackedImageFolder  # noqa: PLC0415
     elif reader == "litdata":
@@ -138,11 +139,12 @@ def read(reader: str, mode: str, url: str, cache: Path, endpoint: str, workers: 
     started = time.perf_counter()
     decode = decode_rgb if mode == "decoded" else as_bytes
     sampler = None
-    if reader == "packload":
+    if reader.startswith("packload"):
         options = {"client_kwargs": {"endpoint_url": endpoint}} if "://" in url else None
         ds = PackedImageFolder(url, output="numpy" if mode == "decoded" else "bytes",
                                cache_dir=cache if options else None, storage_options=options)
-        sampler = ds.sampler(seed=1)
+        # Stored order, or the default block-local shuffle; either way announcing the next window.
+        sampler = ds.sampler(shuffle=reader == "packload-shuffled", seed=1)
     else:
         ds = peer_dataset(reader, url, cache, endpoint, decode)
     loader = tud.DataLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=workers, collate_fn=as_list)
@@ -178,11 +180,12 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers of every read")
     parser.add_argument("--peers-python", default=str(REPO / ".venv-peers" / "bin" / "python"),
                         help="the Python of the environment that has LitData and Streaming")
-    parser.add_argument("--readers", default=",".join(READERS))
+    parser.add_argument("--readers", default=",".join(READERS), help="comma separated, of " + ", ".join(READERS))
+    parser.add_argument("--modes", default=",".join(MODES), help="comma separated, of " + ", ".join(MODES))
     parser.add_argument("--on-disk", action="store_true", help="moto keeps objects in temporary files (its "
                         "default), not in memory: every ranged request then reads the whole object from disk")
     args = parser.parse_args()
-    readers = args.readers.split(",")
+    readers, modes = args.readers.split(","), args.modes.split(",")
     sys.path.insert(0, str(REPO))
     from packload.packer.pipeline import pack  # noqa: PLC0415
     from tests.object_store import FAKE_CREDENTIALS, ObjectStore  # noqa: PLC0415
@@ -198,9 +201,10 @@ def main() -> None:
         fs = store.filesystem()
         fs.put(str(root / "p.shards"), f"{BUCKET}/{WHERE['packload']}", recursive=True)
         env = {**FAKE_CREDENTIALS, "AWS_ENDPOINT_URL": store.proxy.endpoint}
-        python = {"packload": sys.executable, "litdata": args.peers_python, "streaming": args.peers_python}
+        python = {"packload": sys.executable, "packload-shuffled": sys.executable, "litdata": args.peers_python,
+                  "streaming": args.peers_python}
         for name in readers:
-            if name == "packload":
+            if name.startswith("packload"):
                 continue
             out = root / name
             child(python[name], "write", name, str(root / "src"), str(out), env=env)
@@ -214,13 +218,13 @@ def main() -> None:
                         str(args.workers), env=env)
             got["requests"] = len(store.proxy.requests) - before
             rows.setdefault(key, []).append(got)
-            print(f"  {key:28s} {got['images_per_s']:8.0f} img/s  first batch {got['first_batch_s']:.2f} s  "
+            print(f"  {key:36s} {got['images_per_s']:8.0f} img/s  first batch {got['first_batch_s']:.2f} s  "
                   f"{got['requests']} requests  {got['images']} images", flush=True)
 
         for r in range(args.rounds):
             print(f"round {r}", flush=True)
             turn = readers[r % len(readers):] + readers[: r % len(readers)]
-            for mode in MODES:
+            for mode in modes:
                 for name in turn:
                     url = f"s3://{BUCKET}/{WHERE[name]}"
                     cache = root / f"cache-{name}-{mode}-{r}"
@@ -235,13 +239,14 @@ def main() -> None:
 def summary(rows: dict[str, list[dict[str, Any]]], readers: list[str]) -> str:
     best = {key: max(r["images_per_s"] for r in runs) for key, runs in rows.items()}
     lines = [f"best of {len(next(iter(rows.values())))} rounds, images/s:"]
-    lines += [f"  {key:28s} {value:8.0f}" for key, value in best.items()]
+    lines += [f"  {key:36s} {value:8.0f}" for key, value in best.items()]
     for mode in MODES:
-        mine = best.get(f"packload {mode} cold")
-        for peer in readers:
-            theirs = best.get(f"{peer} {mode} cold")
-            if peer != "packload" and mine and theirs:
-                lines.append(f"  packload / {peer}, {mode}, cold: {mine / theirs:.2f}x")
+        for ours in ("packload", "packload-shuffled"):
+            mine = best.get(f"{ours} {mode} cold")
+            for peer in ("litdata", "streaming"):
+                theirs = best.get(f"{peer} {mode} cold")
+                if mine and theirs:
+                    lines.append(f"  {ours} / {peer}, {mode}, cold: {mine / theirs:.2f}x")
     if best.get("packload bytes local") and best.get("packload bytes second epoch"):
         lines.append(f"  packload second epoch / local: {best['packload bytes second epoch'] / best['packload bytes local']:.2f}")
     return "\n".join(lines)

@@ -19,6 +19,8 @@ import os
 import threading
 from pathlib import Path
 
+from packload.core.errors import UsageError
+
 DEFAULT_CACHE_LIMIT = 20 << 30  # bytes: a few epochs' worth of a mid-sized pack
 LOCK_NAME = ".lock"
 FETCHING_MARK = ".fetching"  # suffix of a block's lock file while a process fetches it
@@ -33,12 +35,23 @@ def default_cache_dir() -> Path:
     return Path(base) / "packload"
 
 
+def default_cache_limit() -> int:
+    """``$PACKLOAD_CACHE_LIMIT`` (bytes), else ``DEFAULT_CACHE_LIMIT``."""
+    text = os.environ.get("PACKLOAD_CACHE_LIMIT", "").strip()
+    if not text:
+        return DEFAULT_CACHE_LIMIT
+    try:
+        return int(text)
+    except ValueError:
+        raise UsageError(f"PACKLOAD_CACHE_LIMIT={text!r}: give a number of bytes, such as {DEFAULT_CACHE_LIMIT}") from None
+
+
 class BlockCache:
     """Files of fetched bytes under ``folder``, never more than ``limit`` bytes in all."""
 
     def __init__(self, folder: str | os.PathLike[str] | None = None, limit: int | None = None) -> None:
         self.folder = Path(folder) if folder is not None else default_cache_dir()
-        self.limit = DEFAULT_CACHE_LIMIT if limit is None else int(limit)
+        self.limit = default_cache_limit() if limit is None else int(limit)
         if self.limit < 0:
             raise ValueError(f"cache_limit {limit}: give a number of bytes, 0 or more")
         self._lock = threading.Lock()

@@ -46,7 +46,7 @@ from packload.loaders.read_cache import BlockCache
 
 DEFAULT_BLOCK_SIZE = 8 << 20  # bytes per ranged request and per cached file
 FETCH_THREADS = 32  # requests in flight for a batch's blocks
-AHEAD_THREADS = 16  # requests in flight for announced blocks: the rest of the link is left to the batches
+AHEAD_THREADS = 4  # requests in flight for announced blocks: the rest of the link is left to the batches
 _BLOCKS_MAPPED = 64  # cached blocks kept mapped in this process
 _WHOLE_PARTS_KEPT = 2  # whole shards joined in memory for ``part_view``
 
