@@ -63,8 +63,9 @@ class PackedImageFolder(Dataset):
             ``relative_samples`` and ``path(i)`` give the original relative paths.
         cache_dir, cache_limit, storage_options: for a pack at a URL (``s3://bucket/train.shards``,
             ``gs://``, ``https://``, any fsspec URL): the local folder fetched bytes are kept in
-            (default ``~/.cache/packload``), the most bytes it may hold (default 20 GiB), and
-            fsspec's options (an endpoint, credentials). See README "Object stores".
+            (default ``~/.cache/packload``), the most bytes it may hold (default
+            ``$PACKLOAD_CACHE_LIMIT`` or 20 GiB), and fsspec's options (an endpoint, credentials).
+            See README "Object stores".
     """
 
     def __init__(self, root: str | os.PathLike[str], transform: Callable[[Any], Any] | None = None,

@@ -147,7 +147,13 @@ class BlockCache:
 
 
 class _FileLock:
-    """An exclusive ``flock`` on a file, held for a ``with`` block (writers in other processes wait)."""
+    """An exclusive POSIX record lock on a file, held for a ``with`` block (other processes wait).
+
+    Not ``flock``: a process forked while a thread holds a ``flock`` (a DataLoader worker started
+    mid-fetch) would keep that lock through its copy of the descriptor, and wait for itself. A POSIX
+    lock belongs to its process alone and is never inherited. Threads of one process do not exclude
+    each other with it: the cache's threading lock orders its writers, and a pack's table of
+    fetches in flight keeps one fetch per block within a process."""
 
     def __init__(self, path: Path, remove: bool = False) -> None:
         self.path = path
@@ -156,7 +162,11 @@ class _FileLock:
 
     def __enter__(self) -> _FileLock:
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        try:
+            fcntl.lockf(self.fd, fcntl.LOCK_EX)
+        except OSError:
+            os.close(self.fd)
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:

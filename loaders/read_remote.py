@@ -88,6 +88,7 @@ class RemoteShardsPack:
         copy._inflight = {}
         copy._ahead = {}
         copy._lock = threading.Lock()  # the parent's may have been held by a thread the fork left behind
+        copy.cache = BlockCache(self.cache.folder, self.cache.limit)  # so may its cache's
         copy._pools = None
         copy._pid = os.getpid()
         return copy

@@ -52,6 +52,17 @@ def _first(batch):
     return batch
 
 
+@pytest.fixture
+def fresh_filesystems():
+    """fsspec keeps one filesystem per set of options: one made for this file's server through the
+    environment must not serve another test's URL afterwards."""
+    import s3fs  # noqa: PLC0415
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    yield
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
 def _url_env(monkeypatch, store, cache, limit: int) -> None:
     """Endpoint, cache folder and limit from the environment, as a user without options sets them:
     every reader (the sampler's, each worker's) then agrees on them."""
@@ -62,7 +73,7 @@ def _url_env(monkeypatch, store, cache, limit: int) -> None:
 
 @pytest.mark.parametrize("limit_blocks", [None, 1])
 def test_two_workers_read_every_sample_once_through_the_shared_cache(store, packs, tmp_path, monkeypatch,
-                                                                     limit_blocks):
+                                                                     fresh_filesystems, limit_blocks):
     url = f"s3://{BUCKET}/p.shards"
     local = PackedImageFolder(packs / "p.shards", output="bytes")
     shard_bytes = sum(f.stat().st_size for f in (packs / "p.shards").glob("shard-*"))
