@@ -4,14 +4,16 @@ against LitData and MosaicML Streaming, cold and second epoch, and the local pac
     python benchmarks/bench_object_store.py [--images 3000] [--delay-ms 20] [--rounds 2] [--workers 2]
         [--peers-python .venv-peers/bin/python]
 
-Starts moto's S3 server on 127.0.0.1 behind the tests' proxy (``tests/object_store.py``), which holds
-every request ``--delay-ms`` before forwarding it and streams the answer back. Makes seeded JPEGs
+Starts moto's S3 server on 127.0.0.1 (objects kept in memory unless ``--on-disk``) behind the tests'
+proxy (``tests/object_store.py``), which holds every request ``--delay-ms`` before forwarding it and
+streams the answer back. Makes seeded JPEGs
 (about 100 KiB each, ImageNet-like sizes) and writes three copies of them: a packload shards pack,
 a LitData ``optimize()`` output and a Streaming ``MDSWriter`` output (through
 ``benchmarks/peers.py``, in the peers' environment), all of 64 MB objects, and uploads each to the
 server. Each round then reads every image once through a DataLoader (``--workers`` processes,
 batches of 64), bytes and decoded (packload's codec for all three), in a fresh process per read:
-packload (``PackedImageFolder`` of the ``s3://`` URL, its own sampler), LitData
+packload (``PackedImageFolder`` of the ``s3://`` URL with its sampler: in stored order, as the peers
+read here, and as ``packload-shuffled`` with its block-local shuffle), LitData
 (``litdata.StreamingDataset`` with ``storage_options={"endpoint_url": ...}``) and Streaming
 (``streaming.StreamingDataset`` with ``S3_ENDPOINT_URL``), each with a new, empty cache folder
 (cold); then each again with the cache its cold read filled (second epoch), and packload's local
