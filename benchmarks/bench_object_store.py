@@ -1,32 +1,56 @@
-"""Reading a shards pack from an S3-compatible server with a round trip added to every request.
+"""Streaming reads from an S3-compatible server with a round trip added to every request: packload
+against LitData and MosaicML Streaming, cold and second epoch, and the local pack.
 
-    python benchmarks/bench_object_store.py [--images 3000] [--delay-ms 20] [--rounds 2]
+    python benchmarks/bench_object_store.py [--images 3000] [--delay-ms 20] [--rounds 2] [--workers 2]
+        [--peers-python .venv-peers/bin/python]
 
-Starts moto's S3 server on 127.0.0.1 behind the tests' counting proxy (``tests/object_store.py``),
-which holds every request ``--delay-ms`` before forwarding it; packs seeded JPEGs (about 100 KiB
-each, ImageNet-like sizes) into a local shards pack and uploads it. Each round then reads every
-record once in sampler order, undecoded, in batches of 256, three ways, interleaved: from the store
-with a cold (new, empty) cache folder, again from the store with the cache that first read filled
-(the second epoch), and from the local pack. Prints images/s of each and their ratios, and the
-requests the proxy saw. LitData's and Streaming's streaming reads are not measured here.
+Starts moto's S3 server on 127.0.0.1 (objects kept in memory unless ``--on-disk``) behind the tests'
+proxy (``tests/object_store.py``), which holds every request ``--delay-ms`` before forwarding it and
+streams the answer back. Makes seeded JPEGs
+(about 100 KiB each, ImageNet-like sizes) and writes three copies of them: a packload shards pack,
+a LitData ``optimize()`` output and a Streaming ``MDSWriter`` output (through
+``benchmarks/peers.py``, in the peers' environment), all of 64 MB objects, and uploads each to the
+server. Each round then reads every image once through a DataLoader (``--workers`` processes,
+batches of 64), bytes and decoded (packload's codec for all three), in a fresh process per read:
+packload (``PackedImageFolder`` of the ``s3://`` URL with its sampler: in stored order, as the peers
+read here, and as ``packload-shuffled`` with its block-local shuffle), LitData
+(``litdata.StreamingDataset`` with ``storage_options={"endpoint_url": ...}``) and Streaming
+(``streaming.StreamingDataset`` with ``S3_ENDPOINT_URL``), each with a new, empty cache folder
+(cold); then each again with the cache its cold read filled (second epoch), and packload's local
+pack. The order of the readers turns each round. Prints images/s, the first batch's wait and the
+requests the proxy saw for each, and the ratios.
+
+The peers need their own environment (BENCHMARKS.md, "Reproduce"); it must import *this* checkout's
+packload nowhere: the peers' reads and writes import only ``benchmarks/peers.py``.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
+import json
+import logging
+import os
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from packload.loaders.dataset import PackedImageFolder  # noqa: E402
-from packload.packer.pipeline import pack  # noqa: E402
-from tests.object_store import ObjectStore  # noqa: E402
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+# packload in stored order (as the peers read here), and with its block-local shuffle (a training run's order)
+READERS = ("packload", "packload-shuffled", "litdata", "streaming")
+MODES = ("bytes", "decoded")
+BATCH = 64
+OBJECT_SIZE = 64 << 20  # bytes: packload's shards, LitData's chunks and Streaming's shards alike
+BUCKET = "bkt"
+WHERE = {"packload": "p.shards", "packload-shuffled": "p.shards", "litdata": "litdata", "streaming": "mds"}
+CHILD_TIMEOUT = 900  # seconds one read may take
 
 
 def make_images(root: Path, count: int) -> None:
@@ -41,13 +65,113 @@ def make_images(root: Path, count: int) -> None:
         Image.fromarray(pixels + noise).save(folder / f"{i:06d}.jpg", quality=90)
 
 
-def epoch(ds: PackedImageFolder, batch: int = 256) -> tuple[float, int]:
-    order = list(ds.sampler(seed=1))
+def samples_of(src: Path) -> list[tuple[Path, int]]:
+    """(file, class index) in ImageFolder's order: classes sorted, files sorted within each."""
+    classes = sorted(p.name for p in src.iterdir() if p.is_dir())
+    return [(f, label) for label, name in enumerate(classes) for f in sorted((src / name).iterdir())]
+
+
+# ---------------------------------------------------------------- what the children run
+
+
+def decode_rgb(data: bytes) -> np.ndarray:
+    """HxWx3 uint8 with packload's codec (libjpeg-turbo through simplejpeg; PIL without it)."""
+    try:
+        import simplejpeg  # noqa: PLC0415 - in both environments, looked up in the child
+
+        return simplejpeg.decode_jpeg(bytes(data), colorspace="RGB")
+    except ImportError:
+        return np.asarray(Image.open(io.BytesIO(bytes(data))).convert("RGB"))
+
+
+def as_bytes(data: bytes) -> bytes:
+    return bytes(data)
+
+
+def as_list(batch: list[Any]) -> list[Any]:
+    return batch
+
+
+def _peers() -> Any:
+    """``benchmarks/peers.py`` as a module of its own (the peers' environment has no packload of
+    this checkout to import, so the ``benchmarks`` package is not put on the path)."""
+    sys.path.insert(0, str(HERE))
+    import peers  # noqa: PLC0415
+
+    return peers
+
+
+def write_peer(name: str, src: Path, out: Path) -> None:
+    peers = _peers()
+    peer = peers.LitDataPeer(chunk_bytes="64MB") if name == "litdata" else peers.StreamingPeer(size_limit=OBJECT_SIZE)
+    reason = peer.unavailable()
+    if reason:
+        raise SystemExit(f"{name}: {reason}")
+    peer.write(samples_of(src), out)
+
+
+def peer_dataset(name: str, url: str, cache: Path, endpoint: str, decode: Any) -> Any:
+    """The peer's streaming dataset of ``url``, pointed at the server with the peer's own options."""
+    import functools  # noqa: PLC0415
+
+    peers = _peers()
+    if name == "litdata":
+        import litdata  # noqa: PLC0415
+
+        ds = litdata.StreamingDataset(url, cache_dir=str(cache), shuffle=False,
+                                      storage_options={"endpoint_url": endpoint})
+        return peers._MapIterable(ds, functools.partial(peers._litdata_pair, decode=decode), len(ds))
+    streaming = peers._import_streaming()
+    os.environ["S3_ENDPOINT_URL"] = endpoint
+    ds = streaming.StreamingDataset(remote=url, local=str(cache), shuffle=False, batch_size=BATCH)
+    return peers._StreamingIterable(ds, functools.partial(peers._mds_pair, decode=decode), len(ds))
+
+
+def read(reader: str, mode: str, url: str, cache: Path, endpoint: str, workers: int) -> dict[str, Any]:
+    """Read every image once through a DataLoader; the figures (timed from building the dataset)."""
+    import torch.utils.data as tud  # noqa: PLC0415 - imports are the process's cost, not the read's: before the clock
+
+    if reader.startswith("packload"):
+        sys.path.insert(0, str(REPO))
+        from packload.loaders.dataset import PackedImageFolder  # noqa: PLC0415
+    elif reader == "litdata":
+        import litdata  # noqa: F401, PLC0415
+    else:
+        _peers()._import_streaming()
     started = time.perf_counter()
-    got = 0
-    for k in range(0, len(order), batch):
-        got += sum(len(b) for b, _ in ds.__getitems__(order[k : k + batch]))
-    return time.perf_counter() - started, got
+    decode = decode_rgb if mode == "decoded" else as_bytes
+    sampler = None
+    if reader.startswith("packload"):
+        options = {"client_kwargs": {"endpoint_url": endpoint}} if "://" in url else None
+        ds = PackedImageFolder(url, output="numpy" if mode == "decoded" else "bytes",
+                               cache_dir=cache if options else None, storage_options=options)
+        # Stored order, or the default block-local shuffle; either way announcing the next window.
+        sampler = ds.sampler(shuffle=reader == "packload-shuffled", seed=1)
+    else:
+        ds = peer_dataset(reader, url, cache, endpoint, decode)
+    loader = tud.DataLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=workers, collate_fn=as_list)
+    first = None
+    images = size = 0
+    for batch in loader:
+        if first is None:
+            first = time.perf_counter() - started
+        images += len(batch)
+        size += sum(len(item) if isinstance(item, bytes) else item.nbytes for item, _ in batch)
+    seconds = time.perf_counter() - started
+    return {"images": images, "bytes": size, "seconds": seconds, "first_batch_s": first,
+            "images_per_s": images / seconds}
+
+
+# ---------------------------------------------------------------- the run
+
+
+def child(python: str, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run this script's ``args`` in a fresh ``python`` process; its last line, as JSON."""
+    done = subprocess.run([python, __file__, *args], capture_output=True, text=True, timeout=CHILD_TIMEOUT,
+                          env={**os.environ, **(env or {})}, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(args[:3])}: failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -55,37 +179,92 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=3000)
     parser.add_argument("--delay-ms", type=float, default=20.0)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers of every read")
+    parser.add_argument("--peers-python", default=str(REPO / ".venv-peers" / "bin" / "python"),
+                        help="the Python of the environment that has LitData and Streaming")
+    parser.add_argument("--readers", default=",".join(READERS), help="comma separated, of " + ", ".join(READERS))
+    parser.add_argument("--modes", default=",".join(MODES), help="comma separated, of " + ", ".join(MODES))
+    parser.add_argument("--on-disk", action="store_true", help="moto keeps objects in temporary files (its "
+                        "default), not in memory: every ranged request then reads the whole object from disk")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp, ObjectStore(delay_s=args.delay_ms / 1000) as store:
+    readers, modes = args.readers.split(","), args.modes.split(",")
+    sys.path.insert(0, str(REPO))
+    from packload.packer.pipeline import pack  # noqa: PLC0415
+    from tests.object_store import FAKE_CREDENTIALS, ObjectStore  # noqa: PLC0415
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's server logs every request otherwise
+
+    with tempfile.TemporaryDirectory() as tmp, ObjectStore(delay_s=args.delay_ms / 1000,
+                                                               in_memory=not args.on_disk) as store:
         root = Path(tmp)
         make_images(root / "src", args.images)
-        pack(root / "src", root / "p.shards", progress=False)
-        store.make_bucket("bkt")
-        store.filesystem().put(str(root / "p.shards"), "bkt/p.shards", recursive=True)
-        local = PackedImageFolder(root / "p.shards", output="bytes")
-        rows: dict[str, list[float]] = {"cold": [], "second": [], "local": []}
+        pack(root / "src", root / "p.shards", shard_size=OBJECT_SIZE, progress=False)
+        store.make_bucket(BUCKET)
+        fs = store.filesystem()
+        fs.put(str(root / "p.shards"), f"{BUCKET}/{WHERE['packload']}", recursive=True)
+        env = {**FAKE_CREDENTIALS, "AWS_ENDPOINT_URL": store.proxy.endpoint}
+        python = {"packload": sys.executable, "packload-shuffled": sys.executable, "litdata": args.peers_python,
+                  "streaming": args.peers_python}
+        for name in readers:
+            if name.startswith("packload"):
+                continue
+            out = root / name
+            child(python[name], "write", name, str(root / "src"), str(out), env=env)
+            written = out / "chunks" if name == "litdata" else out
+            fs.put(str(written), f"{BUCKET}/{WHERE[name]}", recursive=True)
+        rows: dict[str, list[dict[str, Any]]] = {}
+
+        def run(key: str, name: str, mode: str, url: str, cache: Path) -> None:
+            before = len(store.proxy.requests)
+            got = child(python[name], "read", name, mode, url, str(cache), store.proxy.endpoint,
+                        str(args.workers), env=env)
+            got["requests"] = len(store.proxy.requests) - before
+            rows.setdefault(key, []).append(got)
+            print(f"  {key:36s} {got['images_per_s']:8.0f} img/s  first batch {got['first_batch_s']:.2f} s  "
+                  f"{got['requests']} requests  {got['images']} images", flush=True)
+
         for r in range(args.rounds):
-            cache = root / f"cache-{r}"
-            before = len(store.proxy.requests)
-            cold = PackedImageFolder("s3://bkt/p.shards", output="bytes", cache_dir=cache,
-                                     storage_options=store.options)
-            seconds, size = epoch(cold)
-            rows["cold"].append(len(cold) / seconds)
-            cold_requests = len(store.proxy.requests) - before
-            before = len(store.proxy.requests)
-            warm = PackedImageFolder("s3://bkt/p.shards", output="bytes", cache_dir=cache,
-                                     storage_options=store.options)
-            rows["second"].append(len(warm) / epoch(warm)[0])
-            warm_requests = len(store.proxy.requests) - before
-            rows["local"].append(len(local) / epoch(local)[0])
-            print(f"round {r}: cold {rows['cold'][-1]:.0f} img/s ({cold_requests} requests, {size / 1e6:.0f} MB), "
-                  f"second epoch {rows['second'][-1]:.0f} img/s ({warm_requests} requests), "
-                  f"local {rows['local'][-1]:.0f} img/s", flush=True)
-        best = {k: max(v) for k, v in rows.items()}
-        print(f"best of {args.rounds}: cold {best['cold']:.0f}, second epoch {best['second']:.0f}, "
-              f"local {best['local']:.0f} img/s; second/local {best['second'] / best['local']:.2f}, "
-              f"cold/local {best['cold'] / best['local']:.2f}")
+            print(f"round {r}", flush=True)
+            turn = readers[r % len(readers):] + readers[: r % len(readers)]
+            for mode in modes:
+                for name in turn:
+                    url = f"s3://{BUCKET}/{WHERE[name]}"
+                    cache = root / f"cache-{name}-{mode}-{r}"
+                    run(f"{name} {mode} cold", name, mode, url, cache)
+                    if mode == "bytes":
+                        run(f"{name} bytes second epoch", name, mode, url, cache)
+            if "packload" in readers:
+                run("packload bytes local", "packload", "bytes", str(root / "p.shards"), root / "unused")
+        print(summary(rows, readers))
+
+
+def summary(rows: dict[str, list[dict[str, Any]]], readers: list[str]) -> str:
+    best = {key: max(r["images_per_s"] for r in runs) for key, runs in rows.items()}
+    lines = [f"best of {len(next(iter(rows.values())))} rounds, images/s:"]
+    lines += [f"  {key:36s} {value:8.0f}" for key, value in best.items()]
+    for mode in MODES:
+        for ours in ("packload", "packload-shuffled"):
+            mine = best.get(f"{ours} {mode} cold")
+            for peer in ("litdata", "streaming"):
+                theirs = best.get(f"{peer} {mode} cold")
+                if mine and theirs:
+                    lines.append(f"  {ours} / {peer}, {mode}, cold: {mine / theirs:.2f}x")
+    if best.get("packload bytes local") and best.get("packload bytes second epoch"):
+        lines.append(f"  packload second epoch / local: {best['packload bytes second epoch'] / best['packload bytes local']:.2f}")
+    return "\n".join(lines)
+
+
+def child_main(argv: list[str]) -> None:
+    if argv[0] == "write":
+        write_peer(argv[1], Path(argv[2]), Path(argv[3]))
+        print(json.dumps({"ok": True}))
+    else:
+        _, reader, mode, url, cache, endpoint, workers = argv
+        print(json.dumps(read(reader, mode, url, Path(cache), endpoint, int(workers))))
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 1 and sys.argv[1] in ("write", "read"):
+        child_main(sys.argv[1:])
+    else:
+        main()

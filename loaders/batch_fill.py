@@ -96,7 +96,7 @@ class RawGather:
                 raise UsageError(f"{self.reader.path}: raw images of different sizes cannot share a batch; "
                                  "pack with --size HxW, or give a crop")
             shape = (count, *self.size, 3)
-            if self.one_part and not verify and count:
+            if self.one_part and not verify and count and not self.reader.ranged:
                 gathered = self._gather(int(self.parts[0]), positions, self.offsets[positions], None, slice(None))
                 return gathered.view(np.uint8).reshape(shape)
             out = np.empty(shape, dtype=np.uint8)
@@ -110,9 +110,11 @@ class RawGather:
                 raise UsageError(f"{self.reader.where(bad)}: payload of {int(lengths[lengths != record_bytes][0])} "
                                  f"bytes, not the {out.shape[1:]} pixels of the batch; pack with --size HxW or "
                                  "give a crop")
-        if verify:  # one record at a time, through the reader's checks
+        # One record at a time, through the reader's checks; a pack at a URL so too, by its blocks
+        # (a part's whole view would join a whole shard in memory).
+        if verify or self.reader.ranged:
             flat = out.reshape(count, record_bytes)
-            for k, view in enumerate(self.reader.payloads(positions, verify=True)):
+            for k, view in enumerate(self.reader.payloads(positions, verify=verify)):
                 flat[k] = np.frombuffer(view, np.uint8)
             return out
         dest = out.reshape(count, record_bytes).view(np.dtype((np.void, record_bytes))).reshape(count)
@@ -310,7 +312,7 @@ class _CropFill:
         reader, size = self.reader, self.crop.size
         raw, nbytes, sides, square_at, row_bytes = self.raw_columns
         rows = np.flatnonzero(raw)
-        if not self.kernel or not len(rows):
+        if not self.kernel or not len(rows) or reader.ranged:  # a pack at a URL has no map of its parts
             return
         records = self.positions[rows]
         entries = reader.entries

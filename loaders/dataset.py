@@ -63,8 +63,9 @@ class PackedImageFolder(Dataset):
             ``relative_samples`` and ``path(i)`` give the original relative paths.
         cache_dir, cache_limit, storage_options: for a pack at a URL (``s3://bucket/train.shards``,
             ``gs://``, ``https://``, any fsspec URL): the local folder fetched bytes are kept in
-            (default ``~/.cache/packload``), the most bytes it may hold (default 20 GiB), and
-            fsspec's options (an endpoint, credentials). See README "Object stores".
+            (default ``~/.cache/packload``), the most bytes it may hold (default
+            ``$PACKLOAD_CACHE_LIMIT`` or 20 GiB), and fsspec's options (an endpoint, credentials).
+            See README "Object stores".
     """
 
     def __init__(self, root: str | os.PathLike[str], transform: Callable[[Any], Any] | None = None,
@@ -99,10 +100,14 @@ class PackedImageFolder(Dataset):
             self.classes: list[str] = reader.classes
             self.targets: list[int] = reader.labels().tolist()
             self._identity = reader.identity  # every process that reopens the pack checks it is this one
-        finally:
+        except BaseException:
+            reader.close()
+            raise
+        if not reader.ranged:
             reader.close()
         self.class_to_idx: dict[str, int] = {name: i for i, name in enumerate(self.classes)}
-        self._reader: PackReader | None = None
+        # A pack at a URL stays open: forked DataLoader workers carry its manifest and index over.
+        self._reader: PackReader | None = reader if reader.ranged else None
         self._gather: RawGather | None = None
         self._draws = Draws()
 
@@ -353,6 +358,9 @@ class PackedImageFolder(Dataset):
     # -- reading ---------------------------------------------------------------------------
     def reader(self) -> PackReader:
         """This process's reader, opened on first use (and again after a fork or ``close``)."""
+        if self._reader is not None and self._reader.ranged and not self._reader.closed \
+                and self._reader.pid != os.getpid():  # a forked worker: a pack at a URL carries over
+            self._reader = self._reader.forked()
         if self._reader is None or self._reader.closed or self._reader.pid != os.getpid():
             reader = PackReader(self.root, check_index=self.verify, parallel_reads=self.parallel_reads,
                                 **self._remote_options)

@@ -25,7 +25,7 @@ import numpy as np
 
 from packload.core.display import terminal_safe
 from packload.core.errors import ChecksumError, IncompletePackError, PackFormatError, UsageError
-from packload.core.format import INDEX_ENTRY, PAYLOAD_FORMATS, check_entries, entry_path
+from packload.core.format import INDEX_ENTRY, MANIFEST_NAME, PAYLOAD_FORMATS, check_entries, entry_path
 from packload.core.remote import RemoteStore, is_url
 from packload.core.storage import reads_wait
 from packload.loaders.prefetch import ParallelFetcher, Prefetcher, cut, distinct
@@ -123,13 +123,16 @@ class PackReader:
         store = RemoteStore(self.path, storage_options)
         cache = BlockCache(cache_dir, cache_limit)
         try:
-            if store.kind() == "object":
+            # One listing tells a shards pack (its folder holds a manifest) without asking what the
+            # URL is first: a round trip saved on every open, in every DataLoader worker.
+            listing = store.listing()
+            if MANIFEST_NAME not in listing and store.kind() == "object":
                 self.backend = "lmdb"
                 self.local_path = Path(fetch_lmdb(store, cache))
                 self._pack = LmdbPack(self.local_path, self._fetcher)
             else:
                 self.backend = "shards"
-                self._pack = RemoteShardsPack(store, cache, block_size)
+                self._pack = RemoteShardsPack(store, cache, block_size, listing)
             self.manifest = self._pack.manifest
             self.entries = self._pack.entries
             self.paths = self._pack.paths
@@ -141,6 +144,21 @@ class PackReader:
         except BaseException:
             self.close()
             raise
+
+    def forked(self) -> PackReader:
+        """This reader of a pack at a URL, for a process forked from the one that opened it (a
+        DataLoader worker): the manifest and index it read carry over, so a worker starts without
+        a round trip to the store; connections, threads and locks are new. Its pack is the one the
+        parent opened. A reader of a local pack cannot be carried over: open it again."""
+        if not isinstance(self._pack, RemoteShardsPack) or self.closed:
+            raise UsageError(f"{self.path}: only an open reader of a shards pack at a URL carries over a fork; "
+                             "open the pack again")
+        copy = object.__new__(PackReader)
+        copy.__dict__.update(self.__dict__)
+        copy.pid = os.getpid()
+        copy._fetcher = ParallelFetcher(0)
+        copy._pack = self._pack.forked()
+        return copy
 
     @property
     def ranged(self) -> bool:

@@ -6,6 +6,10 @@ finds either a whole block or none. Before a block is written, the oldest files 
 used) are deleted until the new one fits: the files under the folder never take more than
 ``limit`` bytes together. Writers in several processes take turns under a lock file, so the
 limit holds across them too. A block larger than the whole limit is not kept.
+
+``fetching(pack, name)`` is a lock of one block across processes: the process that holds it fetches
+the block, and another that wants the same block waits for it and then reads the cached file, so
+DataLoader workers and the sampler's announcements never fetch one block twice.
 """
 
 from __future__ import annotations
@@ -15,8 +19,11 @@ import os
 import threading
 from pathlib import Path
 
+from packload.core.errors import UsageError
+
 DEFAULT_CACHE_LIMIT = 20 << 30  # bytes: a few epochs' worth of a mid-sized pack
 LOCK_NAME = ".lock"
+FETCHING_MARK = ".fetching"  # suffix of a block's lock file while a process fetches it
 _TMP_MARK = ".tmp-"
 
 
@@ -28,12 +35,23 @@ def default_cache_dir() -> Path:
     return Path(base) / "packload"
 
 
+def default_cache_limit() -> int:
+    """``$PACKLOAD_CACHE_LIMIT`` (bytes), else ``DEFAULT_CACHE_LIMIT``."""
+    text = os.environ.get("PACKLOAD_CACHE_LIMIT", "").strip()
+    if not text:
+        return DEFAULT_CACHE_LIMIT
+    try:
+        return int(text)
+    except ValueError:
+        raise UsageError(f"PACKLOAD_CACHE_LIMIT={text!r}: give a number of bytes, such as {DEFAULT_CACHE_LIMIT}") from None
+
+
 class BlockCache:
     """Files of fetched bytes under ``folder``, never more than ``limit`` bytes in all."""
 
     def __init__(self, folder: str | os.PathLike[str] | None = None, limit: int | None = None) -> None:
         self.folder = Path(folder) if folder is not None else default_cache_dir()
-        self.limit = DEFAULT_CACHE_LIMIT if limit is None else int(limit)
+        self.limit = default_cache_limit() if limit is None else int(limit)
         if self.limit < 0:
             raise ValueError(f"cache_limit {limit}: give a number of bytes, 0 or more")
         self._lock = threading.Lock()
@@ -84,6 +102,13 @@ class BlockCache:
                 f.truncate(size)  # holds its place: other writers count it
         return tmp
 
+    def fetching(self, pack: str, name: str) -> _FileLock:
+        """A lock on block ``name`` held while it is fetched (``with cache.fetching(...)``): another
+        process asking for it waits until it is done. The lock file is removed when released."""
+        path = self.path(pack, name + FETCHING_MARK)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return _FileLock(path, remove=True)
+
     def make_room(self, size: int) -> None:
         """Delete the least recently used files until ``size`` more bytes fit under the limit
         (called with the folder's lock held)."""
@@ -103,7 +128,7 @@ class BlockCache:
         found = []
         for dirpath, _, names in os.walk(self.folder):
             for name in names:
-                if name == LOCK_NAME:
+                if name == LOCK_NAME or name.endswith(FETCHING_MARK):  # empty, and held by someone
                     continue
                 path = Path(dirpath) / name
                 try:
@@ -122,17 +147,33 @@ class BlockCache:
 
 
 class _FileLock:
-    """An exclusive ``flock`` on a file, held for a ``with`` block (writers in other processes wait)."""
+    """An exclusive POSIX record lock on a file, held for a ``with`` block (other processes wait).
 
-    def __init__(self, path: Path) -> None:
+    Not ``flock``: a process forked while a thread holds a ``flock`` (a DataLoader worker started
+    mid-fetch) would keep that lock through its copy of the descriptor, and wait for itself. A POSIX
+    lock belongs to its process alone and is never inherited. Threads of one process do not exclude
+    each other with it: the cache's threading lock orders its writers, and a pack's table of
+    fetches in flight keeps one fetch per block within a process."""
+
+    def __init__(self, path: Path, remove: bool = False) -> None:
         self.path = path
+        self.remove = remove  # delete the file on release (one lock file per fetch, not kept)
         self.fd = -1
 
     def __enter__(self) -> _FileLock:
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        try:
+            fcntl.lockf(self.fd, fcntl.LOCK_EX)
+        except OSError:
+            os.close(self.fd)
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self.remove:  # whoever waits holds the old file: it then finds the block cached
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
         os.close(self.fd)  # releases the lock
         self.fd = -1

@@ -7,17 +7,21 @@ from the store: it says which pack is there now), then the index (from the cache
 this pack's), then the blocks that the records asked for lie in, many requests in flight at once.
 Fetched blocks go into the cache directory (``loaders.read_cache``) and are read from there by
 every process (DataLoader workers share the folder), so a second epoch reads the local disk.
-``advise`` (a sampler's announcement) queues the blocks of the records coming next on threads of
-their own; a batch that needs a block being fetched waits for that request, never a second one.
+``advise`` (a sampler's announcement) queues the blocks of the records coming next on fewer threads
+of their own, so announced blocks never crowd out the ones a batch waits for: a batch that needs an
+announced block still in the queue fetches it at once, and one being fetched, in this process or in
+another (the cache's per-block lock), is waited for, never asked for twice.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import mmap
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -41,7 +45,8 @@ from packload.loaders.prefetch import distinct
 from packload.loaders.read_cache import BlockCache
 
 DEFAULT_BLOCK_SIZE = 8 << 20  # bytes per ranged request and per cached file
-FETCH_THREADS = 32  # requests in flight for a batch's blocks, and again for announced ones
+FETCH_THREADS = 32  # requests in flight for a batch's blocks
+AHEAD_THREADS = 4  # requests in flight for announced blocks: the rest of the link is left to the batches
 _BLOCKS_MAPPED = 64  # cached blocks kept mapped in this process
 _WHOLE_PARTS_KEPT = 2  # whole shards joined in memory for ``part_view``
 
@@ -51,7 +56,9 @@ class RemoteShardsPack:
 
     backend = "shards"
 
-    def __init__(self, store: RemoteStore, cache: BlockCache, block_size: int = DEFAULT_BLOCK_SIZE) -> None:
+    def __init__(self, store: RemoteStore, cache: BlockCache, block_size: int = DEFAULT_BLOCK_SIZE,
+                 listing: dict[str, int] | None = None) -> None:
+        """``listing``: the store's listing of the pack's folder, when the caller has just made one."""
         if block_size < 1 << 12:
             raise UsageError(f"block_size {block_size}: give at least 4096 bytes")
         self.store = store
@@ -60,15 +67,34 @@ class RemoteShardsPack:
         self.block_size = block_size
         self._mapped: OrderedDict[tuple[int, int], Any] = OrderedDict()
         self._whole: OrderedDict[int, memoryview] = OrderedDict()
-        self._inflight: dict[tuple[int, int], Future[Any]] = {}
+        self._inflight: dict[tuple[int, int], Future[Any]] = {}  # a batch's fetches
+        self._ahead: dict[tuple[int, int], Future[Any]] = {}  # announced fetches, queued or running
         self._lock = threading.Lock()
         self._pools: tuple[ThreadPoolExecutor, ThreadPoolExecutor] | None = None
         self._pid = os.getpid()
-        self._open()
+        self._open(self.store.listing() if listing is None else listing)
+
+    def forked(self) -> RemoteShardsPack:
+        """A copy for a process forked from this one: the manifest, index and shard list as they
+        are (nothing asked of the store again), new locks, maps, fetches and connections."""
+        copy = object.__new__(RemoteShardsPack)
+        copy.__dict__.update(self.__dict__)
+        copy.store = RemoteStore(self.store.url, self.store.storage_options)
+        # Kept, never used: the parent's connection, collected here, would be closed on the parent's
+        # event loop, which has no thread in this process.
+        copy._parent_store = self.store
+        copy._mapped = OrderedDict()
+        copy._whole = OrderedDict()
+        copy._inflight = {}
+        copy._ahead = {}
+        copy._lock = threading.Lock()  # the parent's may have been held by a thread the fork left behind
+        copy.cache = BlockCache(self.cache.folder, self.cache.limit)  # so may its cache's
+        copy._pools = None
+        copy._pid = os.getpid()
+        return copy
 
     # -- opening ---------------------------------------------------------------------------
-    def _open(self) -> None:
-        listing = self.store.listing()
+    def _open(self, listing: dict[str, int]) -> None:
         if MANIFEST_NAME not in listing:
             self._refuse_without_manifest(listing)
         raw = self.store.read_range(MANIFEST_NAME, 0, listing[MANIFEST_NAME]) \
@@ -198,29 +224,55 @@ class RemoteShardsPack:
     def _executors(self) -> tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
         if self._pools is None or self._pid != os.getpid():  # threads do not survive a fork
             self._pools = (ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="packload-remote"),
-                           ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="packload-remote-ahead"))
+                           ThreadPoolExecutor(AHEAD_THREADS, thread_name_prefix="packload-remote-ahead"))
             self._inflight = {}
+            self._ahead = {}
             self._pid = os.getpid()
         return self._pools
 
     def _request(self, key: tuple[int, int], ahead: bool) -> Future[Any]:
         """The fetch of block ``key``: the one in flight, or a new one on the batch's (or, for an
-        announcement, the background's) threads."""
+        announcement, the background's) threads. A batch does not wait behind the announcements'
+        queue: an announced block not started yet is fetched on the batch's threads."""
         with self._lock:
+            pools = self._executors()
             future = self._inflight.get(key)
             if future is not None:
                 return future
-            future = self._executors()[1 if ahead else 0].submit(self._fetch_once, key)
-            self._inflight[key] = future
+            queued = self._ahead.get(key)
+            if queued is not None and (ahead or queued.running() or queued.done()):
+                return queued
+            future = pools[1 if ahead else 0].submit(self._fetch_once, key, ahead)
+            (self._ahead if ahead else self._inflight)[key] = future
             return future
 
-    def _fetch_once(self, key: tuple[int, int]) -> Any:
+    def _fetch_once(self, key: tuple[int, int], ahead: bool) -> Any:
+        """Block ``key`` from the cache, else fetched under the cache's lock of that block (so a
+        process already fetching it is waited for, and its file read)."""
         try:
-            found = self._cached(*key)  # another process may have fetched it meanwhile
-            return found if found is not None else self._fetch(*key)
+            found = self._cached(*key)
+            if found is not None:
+                return found
+            with self._block_lock(key):
+                found = self._cached(*key)  # fetched meanwhile, here or by another process
+                return found if found is not None else self._fetch(*key)
         finally:
             with self._lock:
-                self._inflight.pop(key, None)
+                (self._ahead if ahead else self._inflight).pop(key, None)
+
+    @contextlib.contextmanager
+    def _block_lock(self, key: tuple[int, int]) -> Iterator[None]:
+        """Holds the cache's lock of block ``key``; none where the cache folder cannot be written."""
+        try:
+            lock = self.cache.fetching(self.key, self._block_name(*key))
+            lock.__enter__()
+        except OSError:
+            yield
+            return
+        try:
+            yield
+        finally:
+            lock.__exit__(None, None, None)
 
     def blocks(self, keys: list[tuple[int, int]]) -> dict[tuple[int, int], Any]:
         """The bytes of every block ``keys``: cached ones at once, the rest fetched at once, in parallel."""
@@ -285,7 +337,7 @@ class RemoteShardsPack:
                                               in zip(firsts.tolist(), lasts.tolist(), strict=True)]))
             for block in wanted.tolist():
                 with self._lock:
-                    if (part, block) in self._mapped or (part, block) in self._inflight:
+                    if (part, block) in self._mapped or (part, block) in self._inflight or (part, block) in self._ahead:
                         continue
                 start, stop = self._block_range(part, block)
                 if self.cache.get(self.key, self._block_name(part, block), stop - start) is None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import http.client
 import os
 import socket
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,6 +26,14 @@ FAKE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "te
                     "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
 _RELAY_PIECE = 1 << 20  # bytes relayed per write
 _HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection"}
+
+
+class _QuietServer(ThreadingHTTPServer):
+    """Says nothing when a client goes away mid-answer (a reader that stops, a process that exits)."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 class CountingProxy:
@@ -49,7 +58,7 @@ class CountingProxy:
 
             do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = _QuietServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -144,11 +153,15 @@ class CountingProxy:
 class ObjectStore:
     """moto's S3 server on a free port of 127.0.0.1, a ``CountingProxy`` in front of it."""
 
-    def __init__(self, delay_s: float = 0.0) -> None:
+    def __init__(self, delay_s: float = 0.0, in_memory: bool = False) -> None:
+        """``in_memory``: moto keeps every object in memory rather than in a temporary file (it reads
+        the whole object for each ranged request, so large objects are served much faster so)."""
         from moto.server import ThreadedMotoServer  # noqa: PLC0415 - a dev extra; tests skip without it
 
         for key, value in FAKE_CREDENTIALS.items():
             os.environ.setdefault(key, value)
+        if in_memory:
+            os.environ["MOTO_S3_DEFAULT_KEY_BUFFER_SIZE"] = str(1 << 40)
         self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         self.server.start()
         host, port = self.server.get_host_and_port()

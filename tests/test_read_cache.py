@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from packload.loaders.read_cache import BlockCache, default_cache_dir
+from packload.core.errors import UsageError
+from packload.loaders.read_cache import DEFAULT_CACHE_LIMIT, BlockCache, default_cache_dir
 
 
 def _used(folder):
@@ -67,3 +68,38 @@ def test_limits_and_default_folder(tmp_path, monkeypatch):
     monkeypatch.delenv("PACKLOAD_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
     assert default_cache_dir() == tmp_path / "x" / "packload"
+
+
+def test_limit_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.delenv("PACKLOAD_CACHE_LIMIT", raising=False)
+    assert BlockCache(tmp_path).limit == DEFAULT_CACHE_LIMIT
+    monkeypatch.setenv("PACKLOAD_CACHE_LIMIT", "500")
+    cache = BlockCache(tmp_path)
+    assert cache.limit == 500 and BlockCache(tmp_path, limit=900).limit == 900  # an explicit limit wins
+    assert cache.put("p", "a", b"x" * 400) is not None
+    assert cache.put("p", "b", b"y" * 400) is not None
+    assert cache.used() <= 500 and cache.get("p", "a", 400) is None  # the older went to make room
+    monkeypatch.setenv("PACKLOAD_CACHE_LIMIT", "20G")
+    with pytest.raises(UsageError, match="PACKLOAD_CACHE_LIMIT='20G'") as info:
+        BlockCache(tmp_path)
+    assert "\n" not in str(info.value)
+
+
+def test_one_fetch_lock_per_block_across_processes(tmp_path):
+    """A second process asking for a block being fetched waits until the first is done."""
+    cache = BlockCache(tmp_path / "cache")
+    marks = tmp_path / "marks"
+    with cache.fetching("p", "shard-00000.bin.0"):
+        pid = os.fork()
+        if pid == 0:  # the child: takes the lock only once the parent has let it go
+            with cache.fetching("p", "shard-00000.bin.0"):
+                with open(marks, "a") as f:
+                    f.write("child\n")
+            os._exit(0)
+        time.sleep(0.3)  # gives the child time to be waiting (no timing is asserted)
+        with open(marks, "a") as f:
+            f.write("parent\n")
+    os.waitpid(pid, 0)
+    assert marks.read_text().split() == ["parent", "child"]
+    assert not list((tmp_path / "cache" / "p").glob("*.fetching"))  # lock files do not stay behind
+    assert cache.used() == 0  # and never counted as cached bytes

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 import sys
+from concurrent import futures
 from pathlib import Path
 
 import numpy as np
@@ -110,8 +111,7 @@ def test_advise_fetches_ahead_into_the_cache(store, packs, tmp_path):
     with _reader(store, "s3://bkt/p.shards", tmp_path) as remote:
         asked = remote.advise(np.arange(remote.records))
         assert asked > 0
-        remote._pack.close()  # waits for the background fetches
-        remote._pack._pools = None
+        futures.wait(list(remote._pack._ahead.values()))  # the background fetches
         before = store.proxy.count("GET", "/bkt/p.shards/shard-")
         _all_bytes(remote)
         assert store.proxy.count("GET", "/bkt/p.shards/shard-") == before
