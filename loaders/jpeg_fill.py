@@ -25,11 +25,18 @@ from packload.loaders.read import PackReader
 Boxes = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
-def payload_addresses(reader: PackReader, records: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(addresses, lengths) of the records' payloads in the pack's memory maps (uint64), from the
-    index: the same bytes ``reader.payloads`` gives views of (every entry was checked to lie inside
-    its part when the pack was opened)."""
+def payload_addresses(reader: PackReader, records: np.ndarray,
+                      keep: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """(addresses, lengths) of the records' payloads (uint64): in the pack's memory maps, from the
+    index (the same bytes ``reader.payloads`` gives views of; every entry was checked to lie inside
+    its part when the pack was opened). A pack at a URL has no map of its parts: its payloads are
+    read (through the block cache) into ``keep``, which the caller holds until the native call ends."""
     entries = reader.entries
+    if reader.ranged:
+        keep.extend(reader.payload_bytes(records.tolist()))
+        addresses = np.array([np.frombuffer(data, np.uint8).ctypes.data if data else 0 for data in keep],
+                             dtype=np.uint64)
+        return addresses, np.array([len(data) for data in keep], dtype=np.uint64)
     parts = entries["part"][records].astype(np.int64)
     offsets = entries["payload_offset"][records].astype(np.uint64)
     lengths = entries["payload_len"][records].astype(np.uint64)
@@ -65,7 +72,8 @@ def fill_jpegs(reader: PackReader, records: np.ndarray, rows: np.ndarray, min_si
     if not take.any():
         return done
     picked = np.flatnonzero(take)
-    addresses, lengths = payload_addresses(reader, records[picked])
+    keep: list[bytes] = []  # a URL pack's payloads, alive until decode_boxes returns
+    addresses, lengths = payload_addresses(reader, records[picked], keep)
     geometry = np.stack([heights[picked], widths[picked], got_h[picked], got_w[picked], boxes[picked, 0],
                          boxes[picked, 1], box_h[picked], box_w[picked]], axis=1)
     dests = np.uint64(out.data_ptr()) + rows[picked].astype(np.uint64) * np.uint64(out.stride(0))

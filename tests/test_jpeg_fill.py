@@ -198,7 +198,7 @@ def test_only_jpegs_are_done_and_nothing_where_the_decoder_is_off(jpeg_pack: Pat
 def test_payload_addresses_point_at_the_payloads(jpeg_pack: Path) -> None:
     reader = PackedImageFolder(jpeg_pack).reader()
     records = np.array([5, 0, 3])
-    addresses, lengths = jpeg_fill.payload_addresses(reader, records)
+    addresses, lengths = jpeg_fill.payload_addresses(reader, records, [])
     for address, length, view in zip(addresses.tolist(), lengths.tolist(), reader.payloads(records), strict=True):
         assert length == len(view)
         assert address == np.frombuffer(view, np.uint8).ctypes.data
