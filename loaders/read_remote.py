@@ -70,6 +70,9 @@ class RemoteShardsPack:
         self._inflight: dict[tuple[int, int], Future[Any]] = {}  # a batch's fetches
         self._ahead: dict[tuple[int, int], Future[Any]] = {}  # announced fetches, queued or running
         self._lock = threading.Lock()
+        # One lock per block being fetched, for this process's threads: the cache's lock file is a
+        # POSIX record lock, which orders processes but lets two threads of one process in together.
+        self._fetch_locks: dict[tuple[int, int], threading.Lock] = {}
         self._pools: tuple[ThreadPoolExecutor, ThreadPoolExecutor] | None = None
         self._pid = os.getpid()
         self._open(self.store.listing() if listing is None else listing)
@@ -88,6 +91,7 @@ class RemoteShardsPack:
         copy._inflight = {}
         copy._ahead = {}
         copy._lock = threading.Lock()  # the parent's may have been held by a thread the fork left behind
+        copy._fetch_locks = {}
         copy.cache = BlockCache(self.cache.folder, self.cache.limit)  # so may its cache's
         copy._pools = None
         copy._pid = os.getpid()
@@ -227,6 +231,7 @@ class RemoteShardsPack:
                            ThreadPoolExecutor(AHEAD_THREADS, thread_name_prefix="packload-remote-ahead"))
             self._inflight = {}
             self._ahead = {}
+            self._fetch_locks = {}  # a lock held when this process was forked would stay held
             self._pid = os.getpid()
         return self._pools
 
@@ -262,7 +267,17 @@ class RemoteShardsPack:
 
     @contextlib.contextmanager
     def _block_lock(self, key: tuple[int, int]) -> Iterator[None]:
-        """Holds the cache's lock of block ``key``; none where the cache folder cannot be written."""
+        """Holds block ``key``'s lock among this process's threads (an announced fetch that starts
+        while a batch's fetch of the same block runs waits for it, then finds it cached), then the
+        cache's lock of the block among processes (none where the cache folder cannot be written)."""
+        with self._lock:
+            thread_lock = self._fetch_locks.setdefault(key, threading.Lock())
+        with thread_lock, self._file_lock(key):
+            yield
+
+    @contextlib.contextmanager
+    def _file_lock(self, key: tuple[int, int]) -> Iterator[None]:
+        """Holds the cache's lock file of block ``key``, for other processes."""
         try:
             lock = self.cache.fetching(self.key, self._block_name(*key))
             lock.__enter__()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 import sys
+import time
 from concurrent import futures
 from pathlib import Path
 
@@ -178,3 +179,27 @@ def test_url_without_fsspec_names_the_extra(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "fsspec", None)  # import fsspec now fails
     with pytest.raises(PackloadError, match=r'pip install -e "\.\[s3\]"'):
         PackReader("s3://bkt/p.shards", cache_dir=tmp_path)
+
+
+def test_a_batch_and_the_announcements_fetch_each_block_once(store, packs, tmp_path):
+    """A batch that needs blocks still queued behind the announcements fetches them on its own
+    threads; an announced fetch that starts meanwhile waits for it instead of asking again."""
+    with _reader(store, "s3://bkt/p.shards", tmp_path) as remote:
+        pack_of_url = remote._pack
+        asked: list[tuple[str, int]] = []
+        read_range = pack_of_url.store.read_range
+
+        def slow_read_range(name: str, start: int, stop: int) -> bytes:
+            asked.append((name, start))
+            time.sleep(0.05)  # long enough for both pools to hold requests at once
+            return read_range(name, start, stop)
+
+        pack_of_url.store.read_range = slow_read_range
+        blocks = sum(-(-size // BLOCK) for size in pack_of_url.part_sizes.tolist())
+        assert blocks > 8  # more than the announcements' threads take at once
+        remote.advise(np.arange(remote.records))
+        got = _all_bytes(remote)  # the batch asks for every block while most are still queued
+        futures.wait(list(pack_of_url._ahead.values()))
+        with PackReader(packs / "p.shards") as local:
+            assert got == _all_bytes(local)
+        assert sorted(asked) == sorted(set(asked)) and len(asked) == blocks
