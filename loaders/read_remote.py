@@ -39,7 +39,7 @@ from packload.core.format import (
     decode_shard_header,
     shard_number,
 )
-from packload.core.manifest import MANIFEST_LIMIT, decode_manifest
+from packload.core.manifest import MANIFEST_LIMIT, decode_manifest, shard_parts
 from packload.core.remote import RemoteMissingError, RemoteStore
 from packload.loaders.prefetch import distinct
 from packload.loaders.read_cache import BlockCache
@@ -130,15 +130,10 @@ class RemoteShardsPack:
     def _shard_list(self, listing: dict[str, int]) -> tuple[list[str], list[int]]:
         """The shards' names and sizes from the manifest, each checked against the store's listing."""
         where = self.store.url_of(MANIFEST_NAME)
-        parts = self.manifest.get("parts")
-        if not isinstance(parts, list) or not all(isinstance(p, dict) and isinstance(p.get("name"), str)
-                                                  for p in parts):
-            raise PackFormatError(f"{where}: manifest has no valid shard list; the pack is damaged")
+        parts = shard_parts(self.manifest, str(where))
         names, sizes = [], []
         for part in parts:
             name = part["name"]
-            if "/" in name or "\\" in name or "\0" in name or name.startswith(".") or not name:
-                raise PackFormatError(f"{where}: shard name {name!r} is not a plain file name")
             if name not in listing:
                 raise PackFormatError(f"{self.store.url_of(name)}: shard missing; the pack is incomplete, "
                                       "upload it again")

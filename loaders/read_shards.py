@@ -32,7 +32,7 @@ from packload.core.format import (
     decode_shard_header,
     shard_number,
 )
-from packload.core.manifest import MANIFEST_LIMIT, decode_manifest
+from packload.core.manifest import MANIFEST_LIMIT, decode_manifest, shard_parts
 from packload.core.safe_files import (
     FileChangedError,
     FileTooLargeError,
@@ -122,15 +122,10 @@ class ShardsPack:
     def _shard_list(self) -> tuple[list[str], list[int]]:
         """The shards' names and sizes from the manifest, each checked against the file there."""
         manifest_path = self.path / MANIFEST_NAME
-        parts = self.manifest.get("parts")
-        if not isinstance(parts, list) or not all(isinstance(p, dict) and isinstance(p.get("name"), str)
-                                                  for p in parts):
-            raise PackFormatError(f"{manifest_path}: manifest has no valid shard list; the pack is damaged")
+        parts = shard_parts(self.manifest, str(manifest_path))
         names, sizes = [], []
         for part in parts:
             name = part["name"]
-            if "/" in name or "\\" in name or "\0" in name or name.startswith(".") or not name:
-                raise PackFormatError(f"{manifest_path}: shard name {name!r} is not a plain file name")
             try:
                 info = os.stat(name, dir_fd=self._dir)
             except OSError:

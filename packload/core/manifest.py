@@ -114,6 +114,20 @@ def _check_optional_fields(manifest: dict[str, Any], where: str) -> None:
         raise PackFormatError(f"{where}: manifest parts must be {expected}; the pack is damaged")
 
 
+def shard_parts(manifest: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    """The manifest's shard list (``parts``), each entry checked to name a plain file, for a shards
+    pack's reader wherever the pack lies; a PackFormatError names ``where`` otherwise."""
+    parts = manifest.get("parts")
+    if not isinstance(parts, list) or not all(isinstance(p, dict) and isinstance(p.get("name"), str)
+                                              for p in parts):
+        raise PackFormatError(f"{where}: manifest has no valid shard list; the pack is damaged")
+    for part in parts:
+        name = part["name"]
+        if "/" in name or "\\" in name or "\0" in name or name.startswith(".") or not name:
+            raise PackFormatError(f"{where}: shard name {name!r} is not a plain file name")
+    return parts
+
+
 def skipped_count(manifest: dict[str, Any]) -> int:
     """How many source files were skipped as broken (the manifest lists at most ``SKIPPED_LISTED``)."""
     return int(manifest.get("skipped_count", len(manifest["skipped"])))
