@@ -7,7 +7,7 @@ used) are deleted until the new one fits: the files under the folder never take 
 ``limit`` bytes together. Writers in several processes take turns under a lock file, so the
 limit holds across them too. A block larger than the whole limit is not kept.
 
-``fetching(pack, name)`` is a lock of one block across processes: the process that holds it fetches
+``fetching(pack, name)`` is a lock of one block across processes (and threads): the one that holds it fetches
 the block, and another that wants the same block waits for it and then reads the cached file, so
 DataLoader workers and the sampler's announcements never fetch one block twice.
 """
@@ -147,13 +147,16 @@ class BlockCache:
 
 
 class _FileLock:
-    """An exclusive POSIX record lock on a file, held for a ``with`` block (other processes wait).
+    """An exclusive lock on a file (``flock``), held for a ``with`` block: other processes, and other
+    threads of this one, wait for it.
 
-    Not ``flock``: a process forked while a thread holds a ``flock`` (a DataLoader worker started
-    mid-fetch) would keep that lock through its copy of the descriptor, and wait for itself. A POSIX
-    lock belongs to its process alone and is never inherited. Threads of one process do not exclude
-    each other with it: the cache's threading lock orders its writers, and a pack's table of
-    fetches in flight keeps one fetch per block within a process."""
+    Not a POSIX record lock (``lockf``): those belong to a process, so the kernel's deadlock check
+    sees two processes whose threads wait for each other's blocks (one thread of each fetching,
+    another of each waiting for the other's block) as a deadlock and fails one of them with EDEADLK,
+    although each fetch ends without the other. ``flock`` locks belong to the open file and are
+    never checked so. The lock is released explicitly before the file is closed: a process forked
+    while a thread holds it (a DataLoader worker started mid-fetch) has a copy of the descriptor,
+    and closing ours alone would leave the lock held through that copy."""
 
     def __init__(self, path: Path, remove: bool = False) -> None:
         self.path = path
@@ -163,7 +166,7 @@ class _FileLock:
     def __enter__(self) -> _FileLock:
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
         try:
-            fcntl.lockf(self.fd, fcntl.LOCK_EX)
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
         except OSError:
             os.close(self.fd)
             raise
@@ -175,5 +178,8 @@ class _FileLock:
                 os.unlink(self.path)
             except OSError:
                 pass
-        os.close(self.fd)  # releases the lock
-        self.fd = -1
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)  # released for every copy of the descriptor
+        finally:
+            os.close(self.fd)
+            self.fd = -1

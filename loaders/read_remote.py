@@ -70,8 +70,8 @@ class RemoteShardsPack:
         self._inflight: dict[tuple[int, int], Future[Any]] = {}  # a batch's fetches
         self._ahead: dict[tuple[int, int], Future[Any]] = {}  # announced fetches, queued or running
         self._lock = threading.Lock()
-        # One lock per block being fetched, for this process's threads: the cache's lock file is a
-        # POSIX record lock, which orders processes but lets two threads of one process in together.
+        # One lock per block being fetched, for this process's threads (they wait here rather than
+        # each on a lock file of its own); the cache's lock file then orders the processes.
         self._fetch_locks: dict[tuple[int, int], threading.Lock] = {}
         self._pools: tuple[ThreadPoolExecutor, ThreadPoolExecutor] | None = None
         self._pid = os.getpid()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
 
 import pytest
@@ -103,3 +105,84 @@ def test_one_fetch_lock_per_block_across_processes(tmp_path):
     assert marks.read_text().split() == ["parent", "child"]
     assert not list((tmp_path / "cache" / "p").glob("*.fetching"))  # lock files do not stay behind
     assert cache.used() == 0  # and never counted as cached bytes
+
+
+def _take(cache, name, marks, mark, errors):
+    """Take block ``name``'s lock, note ``mark``, let it go (an error is kept in ``errors``)."""
+    try:
+        with cache.fetching("p", name):
+            with open(marks, "a") as f:
+                f.write(mark + "\n")
+    except OSError as exc:
+        errors.append(exc)
+
+
+def test_two_processes_waiting_for_each_others_block_both_go_on(tmp_path):
+    """Process A fetches block x and, on another thread, waits for block y; process B fetches y and
+    waits for x. Each fetch ends on its own, so both waits end (a lock owned by the process, as
+    ``lockf``'s, looks like a deadlock to the kernel, which fails one wait: then a block is fetched twice)."""
+    cache = BlockCache(tmp_path / "cache")
+    marks = tmp_path / "marks"
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # process B
+        code = 1
+        try:
+            os.close(ready_r)
+            errors: list[OSError] = []
+            with cache.fetching("p", "y"):
+                os.write(ready_w, b"1")
+                waiter = threading.Thread(target=_take, args=(cache, "x", marks, "B-got-x", errors))
+                waiter.start()
+                time.sleep(0.3)  # A's waiter asks for y meanwhile (ordering only: no timing is asserted)
+            waiter.join()
+            code = 0 if not errors else 2
+        finally:
+            os._exit(code)
+    os.close(ready_w)
+    errors: list[OSError] = []
+    with cache.fetching("p", "x"):
+        os.read(ready_r, 1)  # B holds y now
+        waiter = threading.Thread(target=_take, args=(cache, "y", marks, "A-got-y", errors))
+        waiter.start()
+        time.sleep(0.3)
+    waiter.join()
+    _, status = os.waitpid(pid, 0)
+    assert errors == [] and os.waitstatus_to_exitcode(status) == 0
+    assert sorted(marks.read_text().split()) == ["A-got-y", "B-got-x"]
+
+
+def test_a_lock_let_go_is_free_though_a_forked_process_has_its_descriptor(tmp_path):
+    """A process forked while a block's lock is held (a DataLoader worker started mid-fetch) keeps a
+    copy of the lock's descriptor; letting the lock go frees it all the same for the one waiting."""
+    cache = BlockCache(tmp_path / "cache")
+    marks = tmp_path / "marks"
+    done_r, done_w = os.pipe()
+    held = cache.fetching("p", "x")
+    held.__enter__()
+    keeper = os.fork()
+    if keeper == 0:  # holds the copy of the descriptor until told to exit
+        os.read(done_r, 1)
+        os._exit(0)
+    waiter = os.fork()
+    if waiter == 0:  # already waiting on the lock file when it is let go
+        with cache.fetching("p", "x"):
+            with open(marks, "a") as f:
+                f.write("waiter\n")
+        os._exit(0)
+    time.sleep(0.3)  # the waiter opens the lock file and waits (ordering only)
+    held.__exit__(None, None, None)
+    ended = False
+    try:
+        deadline = time.monotonic() + 30
+        while not ended and time.monotonic() < deadline:
+            ended = os.waitpid(waiter, os.WNOHANG) != (0, 0)
+            time.sleep(0.05)
+    finally:
+        if not ended:
+            os.kill(waiter, signal.SIGKILL)
+            os.waitpid(waiter, 0)
+        os.write(done_w, b"1")
+        os.waitpid(keeper, 0)
+    assert ended, "the waiter never got the lock: a forked copy of the descriptor kept it held"
+    assert marks.read_text().split() == ["waiter"]
