@@ -12,6 +12,7 @@ connection mid-read).
 
 from __future__ import annotations
 
+import contextvars
 import http.client
 import os
 import socket
@@ -26,6 +27,63 @@ FAKE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "te
                     "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
 _RELAY_PIECE = 1 << 20  # bytes relayed per write
 _HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection"}
+
+
+_RANGED_GET: contextvars.ContextVar[bool] = contextvars.ContextVar("ranged_get", default=False)
+
+
+class _StoredBytes:
+    """A moto object's bytes as a ranged GET sees them: its length, and a slice read from the stored
+    buffer alone. (moto reads the whole object for every ranged GET, so one 8 MiB range of a 64 MiB
+    object costs a copy of all 64 MiB under the object's lock; a real store reads the range.)"""
+
+    def __init__(self, key: Any) -> None:
+        self.key = key
+
+    def __len__(self) -> int:
+        return int(self.key.size)
+
+    def __getitem__(self, where: slice) -> bytes:
+        start, stop, _ = where.indices(len(self))
+        with self.key.lock:
+            self.key._value_buffer.seek(start)
+            return self.key._value_buffer.read(max(0, stop - start))
+
+    def whole(self) -> bytes:
+        return self[:]
+
+
+def _serve_ranges_alone() -> None:
+    """Make moto's server read only the asked range of an object for a ranged GET (once per process)."""
+    from moto.s3.models import FakeKey  # noqa: PLC0415
+    from moto.s3.responses import S3Response  # noqa: PLC0415
+
+    if getattr(S3Response, "_packload_ranges", False):
+        return
+    whole_value = FakeKey.value
+    get_object, handle_range = S3Response.get_object, S3Response._handle_range_header
+
+    def value(self: Any) -> Any:
+        return _StoredBytes(self) if _RANGED_GET.get() else whole_value.fget(self)
+
+    def ranged_get_object(self: Any) -> Any:
+        token = _RANGED_GET.set(bool(self.headers.get("range")))
+        try:
+            status, headers, body = get_object(self)
+        finally:
+            _RANGED_GET.reset(token)
+        if status != 200 and isinstance(body, _StoredBytes):  # answered whole, not by its range
+            body = body.whole()
+        return status, headers, body
+
+    def range_answer(self: Any, request: Any, headers: Any, content: Any) -> Any:
+        status, headers, body = handle_range(self, request, headers, content)
+        return status, headers, body.whole() if isinstance(body, _StoredBytes) else body
+
+    FakeKey.value = property(value, whole_value.fset)
+    S3Response.get_object = ranged_get_object
+    S3Response._handle_range_header = range_answer
+    S3Response._packload_ranges = True
 
 
 class _QuietServer(ThreadingHTTPServer):
@@ -162,6 +220,7 @@ class ObjectStore:
             os.environ.setdefault(key, value)
         if in_memory:
             os.environ["MOTO_S3_DEFAULT_KEY_BUFFER_SIZE"] = str(1 << 40)
+        _serve_ranges_alone()
         self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         self.server.start()
         host, port = self.server.get_host_and_port()
