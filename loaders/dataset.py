@@ -27,6 +27,7 @@ from packload.loaders.batch_fill import RawGather, Replace, fill_decoded
 from packload.loaders.collate import collate_encoded, collate_uint8
 from packload.loaders.crop import CenterCrop, mirror_rows
 from packload.loaders.decode import DECODE_ERRORS, decode_array, decode_failure, decode_pil, to_output
+from packload.loaders.decode_threads import DecodeThreads
 from packload.loaders.hints import PackHints
 from packload.loaders.random_crop import Draws, RandomResizedCrop, flip_probability, flips
 from packload.loaders.read import PackReader
@@ -66,6 +67,9 @@ class PackedImageFolder(Dataset):
             (default ``~/.cache/packload``), the most bytes it may hold (default
             ``$PACKLOAD_CACHE_LIMIT`` or 20 GiB), and fsspec's options (an endpoint, credentials).
             See README "Object stores".
+        decode_threads: threads that decode a batch asked for with ``__getitems__`` (as a
+            DataLoader does) outside DataLoader workers, e.g. with ``num_workers=0`` (None: one per
+            usable core; 1: the calling thread). Transforms still run in order in the calling thread.
     """
 
     def __init__(self, root: str | os.PathLike[str], transform: Callable[[Any], Any] | None = None,
@@ -74,7 +78,7 @@ class PackedImageFolder(Dataset):
                  verify: bool = False, on_error: str = "raise", fast_jpeg: bool = True,
                  parallel_reads: bool | None = None, source_root: str | os.PathLike[str] | None = None,
                  cache_dir: str | os.PathLike[str] | None = None, cache_limit: int | None = None,
-                 storage_options: dict[str, Any] | None = None) -> None:
+                 storage_options: dict[str, Any] | None = None, decode_threads: int | None = None) -> None:
         if output not in OUTPUTS:
             raise ValueError(f"unknown output {output!r}; choose one of {', '.join(OUTPUTS)}")
         if on_error not in ON_ERROR:
@@ -110,6 +114,7 @@ class PackedImageFolder(Dataset):
         self._reader: PackReader | None = reader if reader.ranged else None
         self._gather: RawGather | None = None
         self._draws = Draws()
+        self._decode_threads = DecodeThreads(decode_threads)
 
     # -- ImageFolder's surface -------------------------------------------------------------
     def __len__(self) -> int:
@@ -133,7 +138,20 @@ class PackedImageFolder(Dataset):
             if self.on_error == "raise":
                 raise
             views = [None] * len(positions)  # fall back to one record at a time below
-        return [self._sample(reader, i, view) for i, view in zip(positions.tolist(), views, strict=True)]
+        pairs = list(zip(positions.tolist(), views, strict=True))
+        decoded: list[Any] = [None] * len(pairs)
+        if self.output != "bytes" and self._decode_threads.wanted(len(pairs)):
+            decoded = self._decode_threads.map(lambda pair: self._decode_or_none(reader, *pair), pairs)
+        return [self._sample(reader, i, view, image) for (i, view), image in zip(pairs, decoded, strict=True)]
+
+    def _decode_or_none(self, reader: PackReader, index: int, view: memoryview | None) -> Any:
+        """The decoded record, or None when it cannot be (``_sample`` then decides, in order)."""
+        if view is None:
+            return None
+        try:
+            return self._decode(reader, index, view)
+        except Exception:  # noqa: BLE001 - raised or skipped by _sample, with its rules
+            return None
 
     def set_epoch(self, epoch: int, seed: int = 0, rank: int | None = None) -> None:
         """The key of random transforms' draws (``RandomResizedCrop``, its flip) on the drop-in path:
@@ -378,14 +396,21 @@ class PackedImageFolder(Dataset):
             self._reader.close()
         self._reader = None
         self._gather = None
+        self._decode_threads.close()
 
-    def _sample(self, reader: PackReader, index: int, view: memoryview | None) -> tuple[Any, Any]:
+    def _sample(self, reader: PackReader, index: int, view: memoryview | None,
+                decoded: Any = None) -> tuple[Any, Any]:
+        """Record ``index`` (``decoded``: its image, when decoded already), transformed; a damaged
+        one raises, or is skipped for the next intact record under ``on_error="skip"``."""
         for attempt in range(len(self)):
             candidate = (index + attempt) % len(self)
             try:
-                if view is None or attempt:
-                    view = reader.payload(candidate, verify=self.verify)
-                image = self._decode(reader, candidate, view)
+                if decoded is not None and not attempt:
+                    image = decoded
+                else:
+                    if view is None or attempt:
+                        view = reader.payload(candidate, verify=self.verify)
+                    image = self._decode(reader, candidate, view)
             except Image.DecompressionBombError as exc:
                 raise decode_failure(exc, reader.where(candidate)) from None
             except (PackFormatError, *DECODE_ERRORS) as exc:
