@@ -65,6 +65,7 @@ def test_ray_pack_reads_like_a_local_pack(ray_instance: Path, source: Path, tmp_
     local_result = pack(source, local, workers=1, progress=False, shard_size=1 << 16)
     result = pack_ray(source, remote, task_files=5, progress=False, shard_size=1 << 16)
     assert result["ray"]["tasks"] == 10 and result["engine"] == "ray"  # 47 image files in ranges of 5
+    assert result["ray"]["scan_tasks"] == 3  # the classes were listed in Ray tasks, one each
     assert set(result) == set(local_result) and local_result["engine"] == "local"  # one shape, both engines
     expected = records_of(local)
     assert len(expected) == 42 and result["records"] == 42  # 5 broken files skipped
