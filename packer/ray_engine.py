@@ -51,11 +51,12 @@ from packload.packer.ray_folder import LocalTarget
 from packload.packer.ray_resume import run_record
 from packload.packer.ray_scan import list_source_top, scan_in_tasks
 from packload.packer.ray_tasks import pack_range, place_task
-from packload.packer.ray_url import UrlTarget
+from packload.packer.ray_url import UrlLmdbTarget, UrlTarget, url_target
 
 INSTALL_HINT = '--engine ray needs Ray, which is not installed; pip install "packload[ray]"'
 MIN_TASK_FILES = 5000  # files per task at least: each task has a fixed cost (scheduling, start-up)
 TASKS_PER_CPU = 2  # ranges per CPU of the cluster by default: balance without many small shards
+Target = LocalTarget | UrlTarget | UrlLmdbTarget  # where the tasks' output goes, and how it is joined
 
 
 def _import_ray() -> Any:
@@ -96,7 +97,7 @@ def pack_ray(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backen
     driver holds the destination's lock, and ``overwrite`` replaces only a pack, as for ``pack``.
     ``resume`` finishes a pack whose driver was killed: the tasks that had finished are not run
     again (the same options and source are needed). ``src`` and ``dst`` may be object-store URLs
-    (``s3://bucket/images/``, ``s3://bucket/train.shards``; see ``packer.remote_source`` and
+    (``s3://bucket/images/``, ``s3://bucket/train.shards``, ``s3://bucket/train.lmdb``; see ``packer.remote_source`` and
     ``packer.ray_url``), opened with ``storage_options``, which the tasks get in their arguments.
     Returns ``pack``'s summary plus the tasks' timings and the number of tasks each Ray node ran.
     """
@@ -107,9 +108,9 @@ def pack_ray(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backen
         raise UsageError(f"--shard-size {shard_size}: give at least 64 KiB (for example 256M)")
     if task_files is not None and task_files < 1:
         raise UsageError(f"--task-files {task_files}: give at least 1")
-    target: LocalTarget | UrlTarget
+    target: Target
     if is_url(dst):
-        target = UrlTarget(str(dst), backend, storage_options)
+        target = url_target(str(dst), backend, storage_options)
         lock: Any = contextlib.nullcontext()
     else:
         dst_path = Path(dst)
@@ -161,7 +162,7 @@ def _start_ray(ray: Any, address: str | None) -> bool:
 class _Run:
     """One run of the Ray engine over a scanned source (``root``: its folder or URL) into a target."""
 
-    def __init__(self, ray: Any, scan: ScanResult, root: str, target: LocalTarget | UrlTarget, max_retries: int,
+    def __init__(self, ray: Any, scan: ScanResult, root: str, target: Target, max_retries: int,
                  storage_options: dict[str, Any] | None) -> None:
         self.ray, self.scan, self.root, self.target = ray, scan, root, target
         self.max_retries, self.storage_options = max_retries, storage_options
@@ -277,7 +278,7 @@ class _Tasks:
     raises one clear error."""
 
     def __init__(self, ray: Any, scan: ScanResult, root: str, ranges: list[tuple[int, int]],
-                 target: LocalTarget | UrlTarget, max_retries: int, kept: dict[int, dict[str, Any]],
+                 target: Target, max_retries: int, kept: dict[int, dict[str, Any]],
                  kept_placed: dict[int, dict[str, Any]], storage_options: dict[str, Any] | None) -> None:
         self.ray, self.scan, self.root, self.ranges, self.target = ray, scan, root, ranges, target
         self.max_retries, self.storage_options = max_retries, storage_options
