@@ -111,6 +111,7 @@ def test_cli_engine_ray_reencodes_like_local(ray_instance: Path, source: Path, t
     assert main(["pack", args[0], str(tmp_path / "ray.shards"), *args[1:], "--engine", "ray", "--task-files", "8"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["ray"]["tasks"] == 6 and summary["records"] == 42
+    assert summary["ray"]["scan_tasks"] == 3 and summary["ray"]["scan_s"] >= 0  # the classes listed in tasks
     pack(source, tmp_path / "local.shards", options=EncodeOptions(encoding="raw", size=(16, 16)), progress=False)
     assert records_of(tmp_path / "ray.shards") == records_of(tmp_path / "local.shards")
 

@@ -193,3 +193,13 @@ def test_a_prefix_without_images_is_refused_in_one_line(ray_here: LocalRay, stor
     _put(store, {"noimg/ant/a.txt": b"a"})
     with pytest.raises(UsageError, match=f"s3://{BUCKET}/noimg: no images found.*give the prefix"):
         _scanned_in_tasks(f"s3://{BUCKET}/noimg", store.options)
+
+
+def test_the_top_listing_gives_objects_and_prefixes_of_the_first_level(store) -> None:
+    from packload.core.remote import RemoteStore
+
+    _put(store, {"top/a.jpg": b"12", "top/ant/x.jpg": b"1", "top/ant/deep/y.jpg": b"1", "top/.git/z": b"1",
+                 "top/": b"", "top/marked/": b""})
+    files, folders = RemoteStore(f"s3://{BUCKET}/top/", store.options).listing_top()
+    assert files == {"a.jpg": 2} and folders == [".git", "ant", "marked"]  # the prefix's own marker left out
+    assert RemoteStore(f"s3://{BUCKET}/nothing-here", store.options).listing_top() == ({}, [])

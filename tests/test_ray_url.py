@@ -211,6 +211,7 @@ def test_an_lmdb_pack_at_a_url_resumes_from_the_store(ray_here: LocalRay, store:
     ("s3://rayurl/nothing-here/", "OUT", "nothing is stored under this prefix"),
     ("SRC", "s3://no-such-bucket-here/x.shards", "bucket does not exist"),
     ("SRC", "s3://no-such-bucket-here/x.lmdb", "bucket does not exist"),
+    ("SRC", "s3://rayurl/x.lmdb.partial-tasks", "give the pack a name of its own"),
 ])
 def test_bad_urls_fail_in_one_line(ray_here: LocalRay, store: ObjectStore, source: Path, tmp_path: Path,
                                    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
