@@ -15,11 +15,12 @@ from __future__ import annotations
 import os
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from packload.core.errors import PackloadError, UsageError
-from packload.core.remote import is_url
+from packload.core.remote import RemoteStore, is_url
 from packload.core.scan import (
     ClassListing,
     ScanResult,
@@ -39,6 +40,7 @@ from packload.packer.remote_source import (
 )
 
 SCAN_TASKS_PER_CPU = 2  # listing tasks per CPU of the cluster at most: balance without many tiny tasks
+LIST_THREADS = 8  # class prefixes listed at once per task: each listing waits on the store, not on a CPU
 
 
 def list_source_top(src: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> TopListing:
@@ -73,7 +75,9 @@ def list_classes(root: str, names: list[str], storage_options: dict[str, Any] | 
     check_source_seen(root)
     listings: list[ClassListing | None]
     if is_url(root):
-        listings = [list_class_url(root, name, storage_options) for name in names]
+        store = RemoteStore(root, storage_options)  # one connection for the task's listings
+        with ThreadPoolExecutor(min(LIST_THREADS, len(names)), thread_name_prefix="packload-list") as pool:
+            listings = list(pool.map(lambda name: list_class_url(store, name), names))
     else:
         listings = [list_class(root, name) for name in names]
     return {"listings": listings, "node": node_id(), "pid": os.getpid(), "seconds": time.perf_counter() - started}

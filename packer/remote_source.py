@@ -104,10 +104,11 @@ def list_top_url(url: str, storage_options: dict[str, Any] | None = None) -> tup
     return top_of_keys(Path(source_name(url)), files, folders), store
 
 
-def list_class_url(url: str, name: str, storage_options: dict[str, Any] | None = None) -> ClassListing | None:
-    """The keys of the class prefix ``name`` under ``url``, sorted out as ``scan_keys`` does (keys
-    relative to ``url``); None when nothing is stored under it (a folder marker only: no class)."""
-    keys = RemoteStore(f"{url.rstrip('/')}/{name}", storage_options).listing_all()
+def list_class_url(store: RemoteStore, name: str) -> ClassListing | None:
+    """The keys of the class prefix ``name`` under the source's ``store``, sorted out as
+    ``scan_keys`` does (keys relative to the source); None when nothing is stored under it (a
+    folder marker only: no class)."""
+    keys = store.listing_all(name)
     if not keys:
         return None
     return list_class_keys(f"{name}/{key}" for key in sorted(keys))

@@ -196,11 +196,11 @@ class RemoteStore:
             return files, sorted(folders)
         return retried(ls, self.url)
 
-    def listing_all(self) -> dict[str, int]:
-        """Every object under this prefix, at any depth: key relative to the prefix -> size (folder
-        markers, keys ending in ``/``, left out)."""
+    def listing_all(self, name: str = "") -> dict[str, int]:
+        """Every object under this prefix (or under its sub-prefix ``name``), at any depth: key
+        relative to that prefix -> size (folder markers, keys ending in ``/``, left out)."""
         def find() -> dict[str, int]:
-            root = self.full()
+            root = self.full(name)
             self.fs.invalidate_cache(root)
             try:
                 found = self.fs.find(root, detail=True)
@@ -209,7 +209,7 @@ class RemoteStore:
             cut = len(root) + 1
             return {path[cut:]: int(item.get("size") or 0) for path, item in found.items()
                     if item.get("type") != "directory" and not path.endswith("/") and len(path) > cut}
-        return retried(find, self.url)
+        return retried(find, self.url_of(name))
 
     def read_object(self, name: str) -> bytes:
         """The whole of the (small) object ``name``, in one request."""
