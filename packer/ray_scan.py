@@ -80,7 +80,7 @@ def list_classes(root: str, names: list[str], storage_options: dict[str, Any] | 
             listings = list(pool.map(lambda name: list_class_url(store, name), names))
     else:
         listings = [list_class(root, name) for name in names]
-    return {"listings": listings, "node": node_id(), "pid": os.getpid(), "seconds": time.perf_counter() - started}
+    return {"listings": listings, "node": node_id(), "seconds": time.perf_counter() - started}
 
 
 def scan_in_tasks(ray: Any, src: str | os.PathLike[str], top: TopListing, root: str, max_retries: int = 3,
