@@ -1,6 +1,8 @@
 """``pack --engine ray``: pack one folder with Ray tasks, on one machine or a cluster.
 
-The driver scans the folder once and splits the file list into contiguous ranges. Each Ray task
+The driver lists the folder's top level; Ray tasks list its classes' files (``packer.ray_scan``),
+and the driver merges them into the scan ``pack`` makes and splits the file list into contiguous
+ranges. Each Ray task
 checks and encodes its range and writes it as a small shards pack of its own in a task folder
 under ``DEST.partial`` (storage every node sees). When all have finished, the driver joins them:
 shards are renamed into place and renumbered in place by Ray tasks (``packer.combine``), and the
@@ -32,7 +34,7 @@ from packload.core.errors import PackloadError, SkippedFileError, UsageError
 from packload.core.manifest import build_manifest, ignored_count, skipped_count
 from packload.core.progress import progress_bar
 from packload.core.remote import is_url
-from packload.core.scan import Sample, ScanResult, printable, scan_folder
+from packload.core.scan import Sample, ScanResult, printable
 from packload.packer.combine import joined_index
 from packload.packer.destination import (
     check_apart,
@@ -47,13 +49,14 @@ from packload.packer.pipeline import (
 )
 from packload.packer.ray_folder import LocalTarget
 from packload.packer.ray_resume import run_record
+from packload.packer.ray_scan import list_source_top, scan_in_tasks
 from packload.packer.ray_tasks import pack_range, place_task
-from packload.packer.ray_url import UrlTarget
-from packload.packer.remote_source import scan_url
+from packload.packer.ray_url import UrlLmdbTarget, UrlTarget, url_target
 
 INSTALL_HINT = '--engine ray needs Ray, which is not installed; pip install "packload[ray]"'
 MIN_TASK_FILES = 5000  # files per task at least: each task has a fixed cost (scheduling, start-up)
 TASKS_PER_CPU = 2  # ranges per CPU of the cluster by default: balance without many small shards
+Target = LocalTarget | UrlTarget | UrlLmdbTarget  # where the tasks' output goes, and how it is joined
 
 
 def _import_ray() -> Any:
@@ -94,7 +97,7 @@ def pack_ray(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backen
     driver holds the destination's lock, and ``overwrite`` replaces only a pack, as for ``pack``.
     ``resume`` finishes a pack whose driver was killed: the tasks that had finished are not run
     again (the same options and source are needed). ``src`` and ``dst`` may be object-store URLs
-    (``s3://bucket/images/``, ``s3://bucket/train.shards``; see ``packer.remote_source`` and
+    (``s3://bucket/images/``, ``s3://bucket/train.shards``, ``s3://bucket/train.lmdb``; see ``packer.remote_source`` and
     ``packer.ray_url``), opened with ``storage_options``, which the tasks get in their arguments.
     Returns ``pack``'s summary plus the tasks' timings and the number of tasks each Ray node ran.
     """
@@ -105,9 +108,9 @@ def pack_ray(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backen
         raise UsageError(f"--shard-size {shard_size}: give at least 64 KiB (for example 256M)")
     if task_files is not None and task_files < 1:
         raise UsageError(f"--task-files {task_files}: give at least 1")
-    target: LocalTarget | UrlTarget
+    target: Target
     if is_url(dst):
-        target = UrlTarget(str(dst), backend, storage_options)
+        target = url_target(str(dst), backend, storage_options)
         lock: Any = contextlib.nullcontext()
     else:
         dst_path = Path(dst)
@@ -119,24 +122,25 @@ def pack_ray(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backen
         lock = DestinationLock(dst_path)
     with lock:
         target.check(overwrite)
-        if is_url(src):
-            root = str(src).rstrip("/")
-            scan = scan_url(root, storage_options)
-        else:
-            scan = scan_folder(Path(src))
-            root = str(scan.root.resolve())  # tasks run in other folders, on other nodes
-        scan.check_splits(strict)
-        if strict:
-            scan.refuse_not_regular()
-        options_record = {"backend": target.backend, **asdict(options)}
-        if options.size is not None:
-            options_record["size"] = list(options.size)
-        record = run_record(options_record, shard_size, scan.samples)
-        before = target.previous(record, task_files, resume, overwrite, root)
+        top = list_source_top(src, storage_options)  # a missing or unreadable source fails before Ray starts
+        # tasks run in other folders, on other nodes: they get the folder's absolute path
+        root = str(src).rstrip("/") if is_url(src) else str(top.root.resolve())
         started_ray = _start_ray(ray, address)
         try:
+            ray_ready = time.perf_counter()
+            scan, where = scan_in_tasks(ray, src, top, root, max_retries, storage_options)
+            scan.check_splits(strict)
+            if strict:
+                scan.refuse_not_regular()
+            options_record = {"backend": target.backend, **asdict(options)}
+            if options.size is not None:
+                options_record["size"] = list(options.size)
+            record = run_record(options_record, shard_size, scan.samples)
+            before = target.previous(record, task_files, resume, overwrite, root)
             run = _Run(ray, scan, root, target, max_retries, storage_options)
-            return run.pack(started, options, record, before, strict, progress, task_files)
+            summary = run.pack(started, options, record, before, strict, progress, task_files)
+            summary["ray"].update(ray_start_s=round(ray_ready - started, 3), **where)
+            return summary
         finally:
             if started_ray:
                 ray.shutdown()
@@ -158,7 +162,7 @@ def _start_ray(ray: Any, address: str | None) -> bool:
 class _Run:
     """One run of the Ray engine over a scanned source (``root``: its folder or URL) into a target."""
 
-    def __init__(self, ray: Any, scan: ScanResult, root: str, target: LocalTarget | UrlTarget, max_retries: int,
+    def __init__(self, ray: Any, scan: ScanResult, root: str, target: Target, max_retries: int,
                  storage_options: dict[str, Any] | None) -> None:
         self.ray, self.scan, self.root, self.target = ray, scan, root, target
         self.max_retries, self.storage_options = max_retries, storage_options
@@ -167,7 +171,7 @@ class _Run:
              strict: bool, progress: bool, task_files: int | None) -> dict[str, Any]:
         """Run the tasks (those not finished ``before``), join their output and publish it; the summary."""
         ray, scan, target = self.ray, self.scan, self.target
-        ray_ready = time.perf_counter()
+        tasks_start = time.perf_counter()
         cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
         shard_size, options_record = record["shard_size"], record["options"]
         if before is None:
@@ -240,8 +244,7 @@ class _Run:
                 "tasks_kept": len(kept),
                 "tasks_per_node": dict(sorted(nodes.items())),
                 "cluster_cpus": cpus,
-                "ray_start_s": round(ray_ready - started, 3),
-                "tasks_s": round(tasks_done - ray_ready, 3),
+                "tasks_s": round(tasks_done - tasks_start, 3),
                 "join_s": round(time.perf_counter() - tasks_done, 3),
                 "task_s": {"min": round(min(task_seconds), 3), "max": round(max(task_seconds), 3),
                            "sum": round(sum(task_seconds), 3)},
@@ -275,7 +278,7 @@ class _Tasks:
     raises one clear error."""
 
     def __init__(self, ray: Any, scan: ScanResult, root: str, ranges: list[tuple[int, int]],
-                 target: LocalTarget | UrlTarget, max_retries: int, kept: dict[int, dict[str, Any]],
+                 target: Target, max_retries: int, kept: dict[int, dict[str, Any]],
                  kept_placed: dict[int, dict[str, Any]], storage_options: dict[str, Any] | None) -> None:
         self.ray, self.scan, self.root, self.ranges, self.target = ray, scan, root, ranges, target
         self.max_retries, self.storage_options = max_retries, storage_options

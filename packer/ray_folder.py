@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from packload.core.format import INDEX_NAME, MANIFEST_NAME, RAY_RUN_NAME, pack_s
 from packload.core.manifest import encode_manifest
 from packload.packer.combine import ShardPayloads, ShardSource, copy_records
 from packload.packer.destination import (
+    PARTIAL_SUFFIX,
     check_destination,
     check_partial,
     creation_error,
@@ -81,7 +83,7 @@ class LocalTarget:
         if self.backend == "shards":
             _finish_shards(sources, parts, self.tmp, index, manifest)
         else:
-            _join_lmdb(sources, self.tmp, files, manifest)
+            join_lmdb(sources, self.tmp, files, manifest)
             shutil.rmtree(self.staging)
 
     def discard(self) -> None:
@@ -94,9 +96,12 @@ class LocalTarget:
         return pack_size(self.dst)
 
 
+TASKS_SUFFIX = PARTIAL_SUFFIX + "-tasks"  # the tasks' folder of an LMDB pack, beside its unfinished file
+
+
 def staging_path(dst: Path) -> Path:
     """Where the tasks of an LMDB pack write their ranges: ``DEST.partial-tasks``."""
-    return dst.with_name(dst.name + ".partial-tasks")
+    return dst.with_name(dst.name + TASKS_SUFFIX)
 
 
 def _finish_shards(sources: list[ShardSource], parts: list[dict[str, Any]], tmp: Path, index: bytes,
@@ -114,8 +119,10 @@ def _finish_shards(sources: list[ShardSource], parts: list[dict[str, Any]], tmp:
     fsync_dir(tmp)
 
 
-def _join_lmdb(sources: list[ShardSource], tmp: Path, files: int, manifest: dict[str, Any]) -> None:
-    """Copy every task's records, in order, into the LMDB file ``tmp`` (chunks as ``pack`` makes)."""
+def join_lmdb(sources: Iterable[ShardSource], tmp: Path, files: int, manifest: dict[str, Any]) -> None:
+    """Copy every task's records, in order, into the LMDB file ``tmp`` (chunks as ``pack`` makes),
+    then its index and ``manifest`` (updated with them). ``sources`` is read one after the other:
+    it may fetch each task's shards as it comes (``packer.ray_url``)."""
     try:
         writer = LmdbWriter(tmp, max(1 << 30, files * LMDB_MAP_PER_FILE))
     except lmdb.Error as exc:

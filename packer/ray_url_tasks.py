@@ -13,6 +13,7 @@ reads the markers back (``done_result_remote``, ``placed_result_remote``) to dec
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -43,6 +44,18 @@ def _task_source_remote(store: RemoteStore, folder: Path) -> ShardSource:
     for name in (INDEX_NAME, MANIFEST_NAME):
         (folder / name).write_bytes(store.read_object(name))
     return task_source(folder)
+
+
+def fetch_shards(store: RemoteStore, source: ShardSource, folder: Path) -> ShardSource:
+    """Download the shards of the staged task ``source`` (at ``store``) into the local ``folder``:
+    the same source, its shards read from there."""
+    for part in source.parts:
+        fd = os.open(folder / part["name"], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            store.download(part["name"], int(part["size"]), fd)
+        finally:
+            os.close(fd)
+    return dataclasses.replace(source, folder=folder)
 
 
 def remote_task_source(store: RemoteStore) -> ShardSource:
@@ -92,13 +105,7 @@ def place_task_remote(task_url: str, out_url: str, part_base: int, record_base: 
             parts = [{"name": shard_name(k), "records": int(part["records"]), "sha256": part["sha256"],
                       "size": int(part["size"])} for k, part in enumerate(source.parts)]
         else:
-            for part in source.parts:
-                fd = os.open(folder / part["name"], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-                try:
-                    staged.download(part["name"], int(part["size"]), fd)
-                finally:
-                    os.close(fd)
-            parts = place_shards(source, placed_dir, part_base, record_base, move=True)
+            parts = place_shards(fetch_shards(staged, source, folder), placed_dir, part_base, record_base, move=True)
             for part in parts:
                 out.upload(placed_dir / part["name"], part["name"])
     placed = {"parts": parts, "part_base": part_base, "record_base": record_base,

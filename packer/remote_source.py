@@ -3,7 +3,9 @@
 ``scan_url`` lists the objects under the prefix once and orders them as ``scan_folder`` orders a
 local folder (classes: the first-level "folders", sorted; files in deeper ones belong to their
 top-level class; folders by path, files by name within each; only the ImageFolder extensions;
-hidden files and folders, and files outside the class folders, left out with the reason).
+hidden files and folders, and files outside the class folders, left out with the reason). The
+Ray engine lists the first level on the driver (``list_top_url``) and each class prefix in a Ray
+task (``list_class_url``), by the same rules (``list_class_keys``; see ``packer.ray_scan``).
 ``fetched_stream`` fetches the objects of a range, many requests in flight, and checks and encodes
 each as ``encode_file`` does a local file, in order.
 """
@@ -13,13 +15,13 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from itertools import repeat
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from packload.core.errors import UsageError
 from packload.core.remote import RemoteMissingError, RemoteStore
-from packload.core.scan import IMG_EXTENSIONS, Sample, ScanResult, is_image_name
+from packload.core.scan import ClassListing, Sample, ScanResult, TopListing, is_image_name, merge_listings
 from packload.packer.encode import Encoded, EncodeOptions, Skipped, encode_data
 
 FETCH_THREADS = 16  # object requests in flight per task: each waits on the network, not on a CPU
@@ -31,9 +33,11 @@ def source_name(url: str) -> str:
     return url.rstrip("/").rsplit("/", 1)[-1]
 
 
-def _walk_keys(keys: Iterable[str], ignored: list[dict[str, str]]) -> list[str]:
-    """The image keys of ``keys`` (relative to the source's prefix) in ``scan_folder``'s order:
-    folders sorted by path, files by name within each; what is left out goes to ``ignored``."""
+def list_class_keys(keys: Iterable[str]) -> ClassListing:
+    """The image keys of ``keys`` (relative to the source's prefix: one class's, or, unlabelled, the
+    whole source's) in ``scan_folder``'s order: folders sorted by path, files by name within each;
+    with what is left out, and why. The one place a class prefix's keys are sorted out."""
+    ignored: list[dict[str, str]] = []
     by_folder: dict[str, list[str]] = {}
     hidden_folders: set[str] = set()
     for key in keys:
@@ -49,8 +53,25 @@ def _walk_keys(keys: Iterable[str], ignored: list[dict[str, str]]) -> list[str]:
             ignored.append({"path": key, "reason": "not an image extension"})
         else:
             by_folder.setdefault("/".join(parts[:-1]), []).append(key)
-    ignored.extend({"path": path, "reason": "hidden folder"} for path in hidden_folders)
-    return [key for folder in sorted(by_folder) for key in sorted(by_folder[folder], key=lambda k: k.rsplit("/", 1)[-1])]
+    ignored.extend({"path": path, "reason": "hidden folder"} for path in sorted(hidden_folders))
+    files = [key for folder in sorted(by_folder) for key in sorted(by_folder[folder], key=lambda k: k.rsplit("/", 1)[-1])]
+    return ClassListing(files, ignored)
+
+
+def top_of_keys(root: Path, top_files: Iterable[str], top_folders: Iterable[str]) -> TopListing:
+    """The top level of a tree whose first-level objects are ``top_files`` and whose first-level
+    "folders" (prefixes holding at least one object) are ``top_folders``, as ``list_top`` makes a
+    folder's: classes sorted, hidden entries and files beside the classes left out with the reason."""
+    files, folders = sorted(top_files), sorted(top_folders)
+    ignored = [{"path": name, "reason": "hidden folder"} for name in folders if name.startswith(".")]
+    ignored += [{"path": name, "reason": "hidden file"} for name in files if name.startswith(".")]
+    classes = [name for name in folders if not name.startswith(".")]
+    outside = ([{"path": name, "reason": "file outside the class folders"} for name in files
+                if not name.startswith(".")] if classes else [])
+    return TopListing(root, classes, ignored, outside)
+
+
+NO_IMAGES_HINT = "give the prefix that holds one sub-folder of images per class"
 
 
 def scan_keys(keys: Iterable[str], root: Path) -> ScanResult:
@@ -65,28 +86,32 @@ def scan_keys(keys: Iterable[str], root: Path) -> ScanResult:
             under.setdefault(head, []).append(key)
         else:
             top_files.add(head)
-    ignored: list[dict[str, str]] = []
-    for name in sorted(under):
-        if name.startswith("."):
-            ignored.append({"path": name, "reason": "hidden folder"})
-    for name in sorted(top_files):
-        if name.startswith("."):
-            ignored.append({"path": name, "reason": "hidden file"})
-    classes = [name for name in sorted(under) if not name.startswith(".")]
-    samples: list[Sample] = []
-    if classes:
-        for label, name in enumerate(classes):
-            samples.extend(map(Sample._make, zip(_walk_keys(under[name], ignored), repeat(label))))
-        ignored.extend({"path": name, "reason": "file outside the class folders"}
-                       for name in sorted(top_files) if not name.startswith("."))
-    else:
-        # The whole tree is walked, as scan_folder does: what is hidden at the top is listed again.
-        samples = list(map(Sample._make, zip(_walk_keys(keys, ignored), repeat(-1))))
-    if not samples:
-        raise UsageError(f"{root}: no images found (extensions: {' '.join(IMG_EXTENSIONS)}); "
-                         "give the prefix that holds one sub-folder of images per class")
-    ignored.sort(key=lambda item: item["path"])
-    return ScanResult(root=root, classes=classes, samples=samples, ignored=ignored)
+    top = top_of_keys(root, top_files, under)
+    # Unlabelled, the whole tree is walked, as scan_folder does: what is hidden at the top is listed again.
+    listings = [list_class_keys(under[name]) for name in top.classes] if top.classes else [list_class_keys(keys)]
+    return merge_listings(top, listings, NO_IMAGES_HINT)
+
+
+def list_top_url(url: str, storage_options: dict[str, Any] | None = None) -> tuple[TopListing, RemoteStore]:
+    """The top level of the tree under the prefix ``url`` (one listing of its first level, not of
+    the whole tree), and its store. One-line errors for a missing bucket or an empty prefix."""
+    store = RemoteStore(url, storage_options)
+    store.check_bucket()
+    files, folders = store.listing_top()
+    if not files and not folders:
+        raise UsageError(f"{url}: nothing is stored under this prefix; give the prefix that holds one "
+                         "sub-folder of images per class (for example s3://bucket/images/)")
+    return top_of_keys(Path(source_name(url)), files, folders), store
+
+
+def list_class_url(store: RemoteStore, name: str) -> ClassListing | None:
+    """The keys of the class prefix ``name`` under the source's ``store``, sorted out as
+    ``scan_keys`` does (keys relative to the source); None when nothing is stored under it (a
+    folder marker only: no class)."""
+    keys = store.listing_all(name)
+    if not keys:
+        return None
+    return list_class_keys(f"{name}/{key}" for key in sorted(keys))
 
 
 def scan_url(url: str, storage_options: dict[str, Any] | None = None) -> ScanResult:
@@ -98,8 +123,15 @@ def scan_url(url: str, storage_options: dict[str, Any] | None = None) -> ScanRes
     if not listing:
         raise UsageError(f"{url}: nothing is stored under this prefix; give the prefix that holds one "
                          "sub-folder of images per class (for example s3://bucket/images/)")
-    try:
+    with url_errors(url):
         return scan_keys(sorted(listing), Path(source_name(url)))
+
+
+@contextmanager
+def url_errors(url: str) -> Iterator[None]:
+    """A scan's one-line error names the URL rather than the prefix's name."""
+    try:
+        yield
     except UsageError as exc:
         raise UsageError(f"{url}: {str(exc).split(': ', 1)[1]}") from None
 

@@ -285,3 +285,21 @@ def test_crown_writes_only_times_both_writers_and_cleans_up(tmp_path: Path, monk
         assert written["ffcv_s"] == [] and written["ratios"] == []
     assert not any((out / "work" / "writes").iterdir())  # every output removed once timed
     assert "| cifar raw |" in (out / "crown-writes.md").read_text()
+
+
+# ---------------------------------------------------------------- the Ray listing benchmark
+
+
+def test_ray_scan_benchmark_tree_and_comparison(tmp_path: Path) -> None:
+    from benchmarks import bench_ray_scan
+    from packload.core.scan import scan_folder
+
+    bench_ray_scan.make_tree(tmp_path / "t", classes=3, per_class=11)
+    scan = scan_folder(tmp_path / "t")
+    assert scan.classes == ["c0000", "c0001", "c0002"] and len(scan.samples) == 33
+    assert scan.samples[0].path == "c0000/00001.jpg" and scan.samples[9].path == "c0000/sub/00000.jpg"
+    report = bench_ray_scan.compare(lambda: scan_folder(tmp_path / "t"), lambda: scan_folder(tmp_path / "t"), 2)
+    assert report["files"] == 33 and report["serial_over_tasks"] > 0
+    (tmp_path / "t" / "c0001" / "extra.jpg").write_bytes(b"x")
+    with pytest.raises(AssertionError, match="differs from the serial scan"):  # a listing that differs is caught
+        bench_ray_scan.compare(lambda: scan, lambda: scan_folder(tmp_path / "t"), 1)

@@ -69,6 +69,7 @@ def test_pack_on_two_nodes_equals_a_local_pack(cluster: TwoNodeCluster, source: 
     per_node = summary["ray"]["tasks_per_node"]
     assert summary["ray"]["cluster_cpus"] == 2 and summary["ray"]["tasks"] == 14  # 41 files, 3 per task
     assert len(per_node) == 2 and sum(per_node.values()) == 14  # both nodes packed
+    assert summary["ray"]["scan_tasks"] == 3 == sum(summary["ray"]["scan_tasks_per_node"].values())  # listed there
     pack(source, local, workers=2, progress=False, shard_size=256 << 10, options=EncodeOptions(encoding="png"))
     assert records_of(remote) == records_of(local)
     assert manifest_of(remote) == manifest_of(local)

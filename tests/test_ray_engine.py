@@ -65,6 +65,7 @@ def test_ray_pack_reads_like_a_local_pack(ray_instance: Path, source: Path, tmp_
     local_result = pack(source, local, workers=1, progress=False, shard_size=1 << 16)
     result = pack_ray(source, remote, task_files=5, progress=False, shard_size=1 << 16)
     assert result["ray"]["tasks"] == 10 and result["engine"] == "ray"  # 47 image files in ranges of 5
+    assert result["ray"]["scan_tasks"] == 3  # the classes were listed in Ray tasks, one each
     assert set(result) == set(local_result) and local_result["engine"] == "local"  # one shape, both engines
     expected = records_of(local)
     assert len(expected) == 42 and result["records"] == 42  # 5 broken files skipped
@@ -110,6 +111,7 @@ def test_cli_engine_ray_reencodes_like_local(ray_instance: Path, source: Path, t
     assert main(["pack", args[0], str(tmp_path / "ray.shards"), *args[1:], "--engine", "ray", "--task-files", "8"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["ray"]["tasks"] == 6 and summary["records"] == 42
+    assert summary["ray"]["scan_tasks"] == 3 and summary["ray"]["scan_s"] >= 0  # the classes listed in tasks
     pack(source, tmp_path / "local.shards", options=EncodeOptions(encoding="raw", size=(16, 16)), progress=False)
     assert records_of(tmp_path / "ray.shards") == records_of(tmp_path / "local.shards")
 

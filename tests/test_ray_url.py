@@ -1,6 +1,7 @@
 """``pack --engine ray`` with object-store URLs as source and destination (moto's S3 server on
-127.0.0.1, the shared local Ray instance): each pack equals a local pack of the same folder, record
-by record; missing buckets and prefixes fail in one line; a failed run resumes from the store."""
+127.0.0.1, the shared local Ray instance): each pack, shards or LMDB, equals a local pack of the
+same folder, record by record; missing buckets and prefixes fail in one line; a failed run resumes
+from the store."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from packload import PackloadError, pack, pack_ray  # noqa: E402
 from packload.cli import main  # noqa: E402
 from packload.core.format import MANIFEST_NAME, RAY_RUN_NAME, TASK_DONE_NAME  # noqa: E402
 from packload.core.remote import RemoteStore, download_pack  # noqa: E402
+from packload.loaders.read import PackReader  # noqa: E402
 from tests.image_factory import make_image_folder, write_broken_files, write_hidden_and_stray  # noqa: E402
 from tests.object_store import ObjectStore  # noqa: E402
 from tests.ray_faults import logged_tasks  # noqa: E402
@@ -59,6 +61,13 @@ def source(tmp_path_factory: pytest.TempPathFactory, store: ObjectStore) -> Path
 def local_pack(source: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("rayurl-local") / "local.shards"
     pack(source, out, workers=1, progress=False, shard_size=SHARD)
+    return out
+
+
+@pytest.fixture(scope="module")
+def local_lmdb(source: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("rayurl-local") / "local.lmdb"
+    pack(source, out, workers=1, progress=False)
     return out
 
 
@@ -137,11 +146,72 @@ def test_resume_after_a_failed_run_keeps_the_tasks_on_the_store(ray_here: LocalR
     assert _names(store, "out/resumed.shards.partial") == []
 
 
+def _same_lmdb(url: str, store: ObjectStore, local_lmdb: Path, tmp_path: Path) -> None:
+    fetched = _fetched(url, store, tmp_path)
+    assert records_of(fetched) == records_of(local_lmdb)
+    assert manifest_of(fetched) == manifest_of(local_lmdb)
+    with PackReader(fetched) as a, PackReader(local_lmdb) as b:  # the same chunks: the same index
+        assert a.index_bytes() == b.index_bytes()
+
+
+@pytest.mark.parametrize("src", ["local", "url"])
+def test_an_lmdb_pack_at_a_url(ray_here: LocalRay, store: ObjectStore, source: Path, local_lmdb: Path,
+                               tmp_path: Path, src: str) -> None:
+    url = f"s3://{BUCKET}/out/{src}-src.lmdb"
+    origin = source if src == "local" else f"s3://{BUCKET}/images/"
+    result = pack_ray(origin, url, task_files=TASK_FILES, shard_size=SHARD, progress=False,
+                      storage_options=store.options)
+    assert result["backend"] == "lmdb" and result["destination"] == url and result["ray"]["tasks"] > 5
+    assert result["pack_bytes"] == RemoteStore(url, store.options).size() and result["ray"]["scan_tasks"] == 3
+    _same_lmdb(url, store, local_lmdb, tmp_path)
+    assert _names(store, f"out/{src}-src.lmdb.partial-tasks") == []  # the staging prefix is gone
+    assert RemoteStore(url, store.options).kind() == "object"  # one object: the LMDB file
+
+
+def test_an_lmdb_pack_at_a_url_is_replaced_only_with_overwrite(ray_here: LocalRay, store: ObjectStore,
+                                                               source: Path, local_lmdb: Path,
+                                                               tmp_path: Path) -> None:
+    url = f"s3://{BUCKET}/out/again.lmdb"
+    RemoteStore(url, store.options).write_bytes("", b"an older pack")
+    with pytest.raises(PackloadError, match="exists; add --overwrite"):
+        pack_ray(source, url, task_files=TASK_FILES, progress=False, storage_options=store.options)
+    assert RemoteStore(url, store.options).read_object("") == b"an older pack"  # untouched
+    pack_ray(source, url, task_files=TASK_FILES, progress=False, overwrite=True, storage_options=store.options)
+    _same_lmdb(url, store, local_lmdb, tmp_path)
+
+
+def test_an_lmdb_pack_at_a_url_resumes_from_the_store(ray_here: LocalRay, store: ObjectStore, source: Path,
+                                                      local_lmdb: Path, tmp_path: Path) -> None:
+    url = f"s3://{BUCKET}/out/resumed.lmdb"
+    ray_here.log.unlink(missing_ok=True)
+    ray_here.marker.write_text("3")  # task 3 fails every attempt: the run fails
+    try:
+        with pytest.raises(PackloadError, match="Ray task 3 .* --resume"):
+            pack_ray(source, url, task_files=TASK_FILES, progress=False, max_retries=1,
+                     storage_options=store.options)
+    finally:
+        ray_here.marker.unlink(missing_ok=True)
+    staged = _names(store, "out/resumed.lmdb.partial-tasks")
+    assert RAY_RUN_NAME in staged and "task-00000/" + TASK_DONE_NAME in staged
+    assert "task-00003/" + TASK_DONE_NAME not in staged
+    assert RemoteStore(url, store.options).kind() is None  # nothing that looks like a pack
+    with pytest.raises(PackloadError, match="unfinished pack is there; add --resume"):
+        pack_ray(source, url, task_files=TASK_FILES, progress=False, storage_options=store.options)
+    first_run = logged_tasks(ray_here.log)
+    result = pack_ray(source, url, progress=False, resume=True, storage_options=store.options)
+    again = logged_tasks(ray_here.log)[len(first_run):]
+    assert 3 in again and 0 not in again  # a task finished before is not run again
+    assert result["ray"]["tasks_kept"] == result["ray"]["tasks"] - len(set(again)) > 0
+    _same_lmdb(url, store, local_lmdb, tmp_path)
+    assert _names(store, "out/resumed.lmdb.partial-tasks") == []
+
+
 @pytest.mark.parametrize(("src", "dst", "expected"), [
     ("s3://no-such-bucket-here/images/", "OUT", "no-such-bucket-here"),
     ("s3://rayurl/nothing-here/", "OUT", "nothing is stored under this prefix"),
     ("SRC", "s3://no-such-bucket-here/x.shards", "bucket does not exist"),
-    ("SRC", "s3://rayurl/x.lmdb", "as a shards folder only"),
+    ("SRC", "s3://no-such-bucket-here/x.lmdb", "bucket does not exist"),
+    ("SRC", "s3://rayurl/x.lmdb.partial-tasks", "give the pack a name of its own"),
 ])
 def test_bad_urls_fail_in_one_line(ray_here: LocalRay, store: ObjectStore, source: Path, tmp_path: Path,
                                    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],

@@ -172,11 +172,35 @@ class RemoteStore:
                     for item in found if item.get("type") != "directory"}
         return retried(ls, self.url)
 
-    def listing_all(self) -> dict[str, int]:
-        """Every object under this prefix, at any depth: key relative to the prefix -> size (folder
-        markers, keys ending in ``/``, left out)."""
+    def listing_top(self) -> tuple[dict[str, int], list[str]]:
+        """The first level under this prefix, in one listing request: its objects (name -> size) and
+        the names of its sub-prefixes ("folders"), sorted."""
+        def ls() -> tuple[dict[str, int], list[str]]:
+            root = self.full().rstrip("/")
+            self.fs.invalidate_cache(root)
+            try:
+                found = self.fs.ls(root, detail=True)
+            except FileNotFoundError:
+                return {}, []
+            files: dict[str, int] = {}
+            folders: list[str] = []
+            for item in found:
+                path = item["name"].rstrip("/")
+                if path == root:  # a folder marker of the prefix itself
+                    continue
+                name = path.rsplit("/", 1)[-1]
+                if item.get("type") == "directory":
+                    folders.append(name)
+                else:
+                    files[name] = int(item.get("size") or 0)
+            return files, sorted(folders)
+        return retried(ls, self.url)
+
+    def listing_all(self, name: str = "") -> dict[str, int]:
+        """Every object under this prefix (or under its sub-prefix ``name``), at any depth: key
+        relative to that prefix -> size (folder markers, keys ending in ``/``, left out)."""
         def find() -> dict[str, int]:
-            root = self.full()
+            root = self.full(name)
             self.fs.invalidate_cache(root)
             try:
                 found = self.fs.find(root, detail=True)
@@ -185,7 +209,7 @@ class RemoteStore:
             cut = len(root) + 1
             return {path[cut:]: int(item.get("size") or 0) for path, item in found.items()
                     if item.get("type") != "directory" and not path.endswith("/") and len(path) > cut}
-        return retried(find, self.url)
+        return retried(find, self.url_of(name))
 
     def read_object(self, name: str) -> bytes:
         """The whole of the (small) object ``name``, in one request."""

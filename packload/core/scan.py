@@ -259,8 +259,27 @@ def is_utf8(path: str) -> bool:
     return True
 
 
-def scan_folder(src: str | os.PathLike[str]) -> ScanResult:
-    """Scan ``src`` as ImageFolder would, refusing a missing, non-folder or empty source."""
+class TopListing(NamedTuple):
+    """The top level of a source: its class folders (sorted) and what it leaves out there. A source
+    scans as this plus one ``ClassListing`` per class (``merge_listings``), each of which may be
+    made on another machine (``pack --engine ray`` lists the classes in Ray tasks)."""
+
+    root: Path
+    classes: list[str]
+    ignored: list[dict[str, str]]  # hidden or misnamed entries at the top
+    outside: list[dict[str, str]]  # the files beside the class folders (none when unlabelled)
+
+
+class ClassListing(NamedTuple):
+    """One class folder's image files (relative to the source, in ImageFolder's order) and what it
+    leaves out, with reasons; for an unlabelled source, the whole source's."""
+
+    files: list[str]
+    ignored: list[dict[str, str]]
+
+
+def list_top(src: str | os.PathLike[str]) -> TopListing:
+    """The top level of the folder ``src``, refusing a missing, non-folder or special source."""
     root = Path(src)
     if not root.exists():
         raise UsageError(f"{root}: source folder not found; give the folder that holds your images")
@@ -275,27 +294,48 @@ def scan_folder(src: str | os.PathLike[str]) -> ScanResult:
     except PermissionError:
         raise UsageError(f"{root}: cannot read the source folder; check its permissions") from None
     ignored: list[dict[str, str]] = []
-    class_dirs = [e for e in entries if not e.name.startswith(".") and _is_dir(e) and is_utf8(e.name)]
+    classes = [e.name for e in entries if not e.name.startswith(".") and _is_dir(e) and is_utf8(e.name)]
     for e in entries:
         if e.name.startswith("."):
             ignored.append({"path": e.name, "reason": "hidden folder" if _is_dir(e) else "hidden file"})
         elif not is_utf8(e.name):
             ignored.append({"path": printable(e.name), "reason": "name is not valid UTF-8; rename it"})
-    if class_dirs:
-        classes = [e.name for e in class_dirs]
-        samples: list[Sample] = []
-        for label, entry in enumerate(class_dirs):
-            samples.extend(map(_new_sample, zip(_walk_files(Path(entry.path), root, ignored), repeat(label))))
+    outside: list[dict[str, str]] = []
+    if classes:
         for e in entries:
             if not e.name.startswith(".") and not _is_dir(e) and is_utf8(e.name):
                 reason = not_regular_reason(e)
-                ignored.append({"path": e.name, "reason": f"{reason}, outside the class folders" if reason
+                outside.append({"path": e.name, "reason": f"{reason}, outside the class folders" if reason
                                 else "file outside the class folders"})
-    else:
-        classes = []
-        samples = list(map(_new_sample, zip(_walk_files(root, root, ignored), repeat(-1))))
+    return TopListing(root, classes, ignored, outside)
+
+
+def list_class(root: str | os.PathLike[str], name: str) -> ClassListing:
+    """The files of the class folder ``name`` of the source folder ``root`` (``""``: the whole
+    source, unlabelled), by ImageFolder's rules: the one place a class folder is listed."""
+    ignored: list[dict[str, str]] = []
+    top = Path(root) / name if name else Path(root)
+    return ClassListing(_walk_files(top, Path(root), ignored), ignored)
+
+
+def merge_listings(top: TopListing, listings: list[ClassListing],
+                   hint: str = "give the folder that holds one sub-folder of images per class") -> ScanResult:
+    """The scan of a source from its top level and its listings (one per class, in class order; for
+    an unlabelled source, one of the whole source); ``hint`` ends the error when nothing is found."""
+    labels = range(len(top.classes)) if top.classes else [-1]
+    ignored = list(top.ignored)
+    samples: list[Sample] = []
+    for label, listing in zip(labels, listings, strict=True):
+        samples.extend(map(_new_sample, zip(listing.files, repeat(label))))
+        ignored.extend(listing.ignored)
+    ignored.extend(top.outside)
     if not samples:
-        raise UsageError(f"{root}: no images found (extensions: {' '.join(IMG_EXTENSIONS)}); "
-                         "give the folder that holds one sub-folder of images per class")
+        raise UsageError(f"{top.root}: no images found (extensions: {' '.join(IMG_EXTENSIONS)}); {hint}")
     ignored.sort(key=lambda item: item["path"])
-    return ScanResult(root=root, classes=classes, samples=samples, ignored=ignored)
+    return ScanResult(root=top.root, classes=list(top.classes), samples=samples, ignored=ignored)
+
+
+def scan_folder(src: str | os.PathLike[str]) -> ScanResult:
+    """Scan ``src`` as ImageFolder would, refusing a missing, non-folder or empty source."""
+    top = list_top(src)
+    return merge_listings(top, [list_class(top.root, name) for name in top.classes or [""]])
