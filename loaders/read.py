@@ -18,6 +18,7 @@ import hashlib
 import os
 import zlib
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ import numpy as np
 from packload.core.display import terminal_safe
 from packload.core.errors import ChecksumError, IncompletePackError, PackFormatError, UsageError
 from packload.core.format import INDEX_ENTRY, MANIFEST_NAME, PAYLOAD_FORMATS, check_entries, entry_path
+from packload.core.manifest import MANIFEST_LIMIT
 from packload.core.remote import RemoteStore, is_url
 from packload.core.storage import reads_wait
 from packload.loaders.prefetch import ParallelFetcher, Prefetcher, cut, distinct
@@ -124,15 +126,16 @@ class PackReader:
         cache = BlockCache(cache_dir, cache_limit)
         try:
             # One listing tells a shards pack (its folder holds a manifest) without asking what the
-            # URL is first: a round trip saved on every open, in every DataLoader worker.
-            listing = store.listing()
+            # URL is first, and the manifest is read while the folder is listed: round trips saved
+            # on every open, in every DataLoader worker.
+            listing, manifest_head = _listing_and_manifest(store)
             if MANIFEST_NAME not in listing and store.kind() == "object":
                 self.backend = "lmdb"
                 self.local_path = Path(fetch_lmdb(store, cache))
                 self._pack = LmdbPack(self.local_path, self._fetcher)
             else:
                 self.backend = "shards"
-                self._pack = RemoteShardsPack(store, cache, block_size, listing)
+                self._pack = RemoteShardsPack(store, cache, block_size, listing, manifest_head)
             self.manifest = self._pack.manifest
             self.entries = self._pack.entries
             self.paths = self._pack.paths
@@ -354,3 +357,18 @@ class PackReader:
 
     def __getstate__(self) -> dict[str, Any]:
         raise TypeError("a PackReader holds open files; pass the pack's path to other processes instead")
+
+
+def _listing_and_manifest(store: RemoteStore) -> tuple[dict[str, int], bytes | None]:
+    """The listing of a pack's folder, and its manifest's bytes read at the same time (None where
+    there is none to read: an LMDB object, a missing pack; the listing then says what it is)."""
+    def manifest() -> bytes | None:
+        try:
+            return store.read_head(MANIFEST_NAME, MANIFEST_LIMIT + 1)
+        except Exception:  # noqa: BLE001 - the listing, read next, decides and names the problem
+            return None
+
+    with ThreadPoolExecutor(1, thread_name_prefix="packload-manifest") as pool:
+        head = pool.submit(manifest)
+        listing = store.listing()
+        return listing, head.result()

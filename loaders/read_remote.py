@@ -46,7 +46,8 @@ from packload.loaders.read_cache import BlockCache
 
 DEFAULT_BLOCK_SIZE = 8 << 20  # bytes per ranged request and per cached file
 FETCH_THREADS = 32  # requests in flight for a batch's blocks
-AHEAD_THREADS = 4  # requests in flight for announced blocks: the rest of the link is left to the batches
+WRITE_THREADS = 2  # threads writing fetched blocks to the cache folder, behind the fetches
+AHEAD_THREADS = 8  # requests in flight for announced blocks: the rest of the link is left to the batches
 _BLOCKS_MAPPED = 64  # cached blocks kept mapped in this process
 _WHOLE_PARTS_KEPT = 2  # whole shards joined in memory for ``part_view``
 
@@ -57,8 +58,9 @@ class RemoteShardsPack:
     backend = "shards"
 
     def __init__(self, store: RemoteStore, cache: BlockCache, block_size: int = DEFAULT_BLOCK_SIZE,
-                 listing: dict[str, int] | None = None) -> None:
-        """``listing``: the store's listing of the pack's folder, when the caller has just made one."""
+                 listing: dict[str, int] | None = None, manifest_head: bytes | None = None) -> None:
+        """``listing``: the store's listing of the pack's folder, when the caller has just made one;
+        ``manifest_head``: the manifest's bytes read meanwhile (used when the listing's size agrees)."""
         if block_size < 1 << 12:
             raise UsageError(f"block_size {block_size}: give at least 4096 bytes")
         self.store = store
@@ -73,9 +75,9 @@ class RemoteShardsPack:
         # One lock per block being fetched, for this process's threads (they wait here rather than
         # each on a lock file of its own); the cache's lock file then orders the processes.
         self._fetch_locks: dict[tuple[int, int], threading.Lock] = {}
-        self._pools: tuple[ThreadPoolExecutor, ThreadPoolExecutor] | None = None
+        self._pools: tuple[ThreadPoolExecutor, ThreadPoolExecutor, ThreadPoolExecutor] | None = None
         self._pid = os.getpid()
-        self._open(self.store.listing() if listing is None else listing)
+        self._open(self.store.listing() if listing is None else listing, manifest_head)
 
     def forked(self) -> RemoteShardsPack:
         """A copy for a process forked from this one: the manifest, index and shard list as they
@@ -98,11 +100,16 @@ class RemoteShardsPack:
         return copy
 
     # -- opening ---------------------------------------------------------------------------
-    def _open(self, listing: dict[str, int]) -> None:
+    def _open(self, listing: dict[str, int], manifest_head: bytes | None) -> None:
         if MANIFEST_NAME not in listing:
             self._refuse_without_manifest(listing)
-        raw = self.store.read_range(MANIFEST_NAME, 0, listing[MANIFEST_NAME]) \
-            if listing[MANIFEST_NAME] <= MANIFEST_LIMIT else b"x" * (MANIFEST_LIMIT + 1)
+        size = listing[MANIFEST_NAME]
+        if size > MANIFEST_LIMIT:
+            raw = b"x" * (MANIFEST_LIMIT + 1)  # refused as too large by decode_manifest
+        elif manifest_head is not None and len(manifest_head) == size:
+            raw = manifest_head
+        else:
+            raw = self.store.read_range(MANIFEST_NAME, 0, size)
         self.manifest = decode_manifest(raw, self.store.url_of(MANIFEST_NAME))
         if self.manifest["backend"] != "shards":
             raise PackFormatError(f"{self.store.url_of(MANIFEST_NAME)}: manifest is for a "
@@ -201,15 +208,22 @@ class RemoteShardsPack:
                 self._mapped.popitem(last=False)  # a map is freed once no view of it is left
 
     def _fetch(self, part: int, block: int) -> Any:
-        """Block ``block`` of shard ``part`` from the store, put in the cache (the bytes themselves
-        are kept mapped or, when the cache cannot keep them, in memory)."""
+        """Block ``block`` of shard ``part`` from the store, kept in this process's memory (the
+        caller writes it to the cache)."""
         start, stop = self._block_range(part, block)
         data = self.store.read_range(self.part_names[part], start, stop)
         if block == 0:
             self._check_header(part, data)
-        self.cache.put(self.key, self._block_name(part, block), data)
         self._keep((part, block), data)
         return data
+
+    def _write_then_release(self, key: tuple[int, int], data: bytes, lock: contextlib.AbstractContextManager[None]) -> None:
+        """Put a fetched block in the cache, then let go of its lock: other processes waiting for
+        the block find the file, and this process's threads had its bytes from memory at once."""
+        try:
+            self.cache.put(self.key, self._block_name(*key), data)
+        finally:
+            lock.__exit__(None, None, None)
 
     def _check_header(self, part: int, data: Any) -> None:
         header = decode_shard_header(bytes(data[: SHARD_HEADER.itemsize]))
@@ -220,10 +234,11 @@ class RemoteShardsPack:
             raise PackFormatError(f"{where}: shard format version {header[0]}, this packload reads version "
                                   f"{FORMAT_VERSION}; upgrade packload or re-pack")
 
-    def _executors(self) -> tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
+    def _executors(self) -> tuple[ThreadPoolExecutor, ThreadPoolExecutor, ThreadPoolExecutor]:
         if self._pools is None or self._pid != os.getpid():  # threads do not survive a fork
             self._pools = (ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="packload-remote"),
-                           ThreadPoolExecutor(AHEAD_THREADS, thread_name_prefix="packload-remote-ahead"))
+                           ThreadPoolExecutor(AHEAD_THREADS, thread_name_prefix="packload-remote-ahead"),
+                           ThreadPoolExecutor(WRITE_THREADS, thread_name_prefix="packload-remote-write"))
             self._inflight = {}
             self._ahead = {}
             self._fetch_locks = {}  # a lock held when this process was forked would stay held
@@ -247,15 +262,27 @@ class RemoteShardsPack:
             return future
 
     def _fetch_once(self, key: tuple[int, int], ahead: bool) -> Any:
-        """Block ``key`` from the cache, else fetched under the cache's lock of that block (so a
-        process already fetching it is waited for, and its file read)."""
+        """Block ``key`` from the cache, else fetched under the block's lock (so a process already
+        fetching it is waited for, and its file read). The fetched bytes are returned at once; the
+        cache's file is written behind, on a thread of its own, the lock held until it is there."""
         try:
             found = self._cached(*key)
             if found is not None:
                 return found
-            with self._block_lock(key):
+            lock = self._block_lock(key)
+            lock.__enter__()
+            handed = False
+            try:
                 found = self._cached(*key)  # fetched meanwhile, here or by another process
-                return found if found is not None else self._fetch(*key)
+                if found is not None:
+                    return found
+                data = self._fetch(*key)
+                self._executors()[2].submit(self._write_then_release, key, data, lock)
+                handed = True
+                return data
+            finally:
+                if not handed:
+                    lock.__exit__(None, None, None)
         finally:
             with self._lock:
                 (self._ahead if ahead else self._inflight).pop(key, None)
@@ -370,6 +397,7 @@ class RemoteShardsPack:
         if self._pools is not None and self._pid == os.getpid():
             self._pools[0].shutdown(wait=False, cancel_futures=True)
             self._pools[1].shutdown(wait=True, cancel_futures=True)
+            self._pools[2].shutdown(wait=True)  # the blocks fetched are written to the cache
         self._pools = None
         self.entries = np.zeros(0, self.entries.dtype) if hasattr(self, "entries") else None
         self._mapped.clear()

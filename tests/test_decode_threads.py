@@ -57,7 +57,7 @@ def test_the_decoding_runs_on_the_pool_and_not_with_one_thread(pack: Path) -> No
         names: list[str] = []
         decode = ds._decode
 
-        def noting(*args: object, decode=decode) -> object:
+        def noting(*args: object, decode=decode, names=names) -> object:
             names.append(threading.current_thread().name)
             return decode(*args)
 

@@ -125,10 +125,13 @@ def test_lmdb_pack_is_fetched_whole_then_opened(store, packs, tmp_path):
         assert remote.local_path.stat().st_size == (packs / "p.lmdb").stat().st_size
         assert tmp_path in remote.local_path.parents
         assert _all_bytes(remote) == _all_bytes(local)
-    before = store.proxy.count("GET", "/bkt/p.lmdb")
+    def object_gets() -> int:  # of the LMDB object itself (an open also asks for a manifest beside it)
+        return sum(1 for method, path, _ in store.proxy.requests if method == "GET" and path.split("?")[0] == "/bkt/p.lmdb")
+
+    before = object_gets()
     with _reader(store, "s3://bkt/p.lmdb", tmp_path) as again:
         assert again.records == 42
-    assert store.proxy.count("GET", "/bkt/p.lmdb") == before  # the cached copy, not a second download
+    assert object_gets() == before  # the cached copy, not a second download
 
 
 def test_lmdb_larger_than_the_cache_is_refused(store, packs, tmp_path):
@@ -203,3 +206,29 @@ def test_a_batch_and_the_announcements_fetch_each_block_once(store, packs, tmp_p
         with PackReader(packs / "p.shards") as local:
             assert got == _all_bytes(local)
         assert sorted(asked) == sorted(set(asked)) and len(asked) == blocks
+
+
+def test_the_manifest_is_read_while_the_folder_is_listed(store, packs, tmp_path, monkeypatch):
+    """An open asks for the manifest without waiting for the listing: here the listing answers only
+    once the manifest has been asked for, so an open that waited for it first would never end."""
+    import threading  # noqa: PLC0415
+
+    from packload.core.remote import RemoteStore  # noqa: PLC0415
+
+    asked = threading.Event()
+    listing, read_head = RemoteStore.listing, RemoteStore.read_head
+
+    def listing_after_manifest(self):
+        assert asked.wait(60), "the listing was asked for alone: the manifest waited for it"
+        return listing(self)
+
+    def noting_read_head(self, name, limit):
+        asked.set()
+        return read_head(self, name, limit)
+
+    monkeypatch.setattr(RemoteStore, "listing", listing_after_manifest)
+    monkeypatch.setattr(RemoteStore, "read_head", noting_read_head)
+    before = store.proxy.count("GET", "/bkt/p.shards/manifest.json")
+    with _reader(store, "s3://bkt/p.shards", tmp_path) as remote:
+        assert remote.records == 42
+    assert store.proxy.count("GET", "/bkt/p.shards/manifest.json") == before + 1  # and read once

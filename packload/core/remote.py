@@ -230,6 +230,11 @@ class RemoteStore:
             return bytes(data)
         return retried(read, self.url_of(name))
 
+    def read_head(self, name: str, limit: int) -> bytes:
+        """The first ``limit`` bytes of object ``name`` (all of it, when it is shorter), in one
+        request: an object read before its size is known (a manifest read while the folder is listed)."""
+        return retried(lambda: bytes(self.fs.cat_file(self.full(name), start=0, end=limit)), self.url_of(name))
+
     def read_all(self, name: str, size: int) -> bytes:
         """The whole of object ``name`` of ``size`` bytes, by ranged requests in flight at once."""
         if size <= DOWNLOAD_PIECE:
