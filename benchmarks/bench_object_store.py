@@ -1,7 +1,7 @@
 """Streaming reads from an S3-compatible server with a round trip added to every request: packload
 against LitData and MosaicML Streaming, cold and second epoch, and the local pack.
 
-    python benchmarks/bench_object_store.py [--images 3000] [--delay-ms 20] [--rounds 2] [--workers 2]
+    python benchmarks/bench_object_store.py [--images 3000] [--delay-ms 20] [--rounds 2] [--workers 0,2]
         [--peers-python .venv-peers/bin/python]
 
 Starts moto's S3 server on 127.0.0.1 (objects kept in memory unless ``--on-disk``) behind the tests'
@@ -10,8 +10,8 @@ streams the answer back. Makes seeded JPEGs
 (about 100 KiB each, ImageNet-like sizes) and writes three copies of them: a packload shards pack,
 a LitData ``optimize()`` output and a Streaming ``MDSWriter`` output (through
 ``benchmarks/peers.py``, in the peers' environment), all of 64 MB objects, and uploads each to the
-server. Each round then reads every image once through a DataLoader (``--workers`` processes,
-batches of 64), bytes and decoded (packload's codec for all three), in a fresh process per read:
+server. Each round then reads every image once through a DataLoader (with each of ``--workers``
+worker counts: 0 reads in the main process, where packload decodes a batch on threads; batches of 64), bytes and decoded (packload's codec for all three), in a fresh process per read:
 packload (``PackedImageFolder`` of the ``s3://`` URL with its sampler: in stored order, as the peers
 read here, and as ``packload-shuffled`` with its block-local shuffle), LitData
 (``litdata.StreamingDataset`` with ``storage_options={"endpoint_url": ...}``) and Streaming
@@ -131,12 +131,21 @@ def read(reader: str, mode: str, url: str, cache: Path, endpoint: str, workers: 
     """Read every image once through a DataLoader; the figures (timed from building the dataset)."""
     import torch.utils.data as tud  # noqa: PLC0415 - imports are the process's cost, not the read's: before the clock
 
+    # Each reader's client of the store too (s3fs for packload, boto3 for the peers): each imports it
+    # on its first request, which would put a library's import time into the read's.
     if reader.startswith("packload"):
         sys.path.insert(0, str(REPO))
         from packload.loaders.dataset import PackedImageFolder  # noqa: PLC0415
+
+        if "://" in url:
+            import s3fs  # noqa: F401, PLC0415
     elif reader == "litdata":
+        import boto3  # noqa: F401, PLC0415
         import litdata  # noqa: F401, PLC0415
+        import litdata.streaming.client  # noqa: F401, PLC0415
     else:
+        import boto3  # noqa: F401, PLC0415, I001
+
         _peers()._import_streaming()
     started = time.perf_counter()
     decode = decode_rgb if mode == "decoded" else as_bytes
@@ -179,7 +188,8 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=3000)
     parser.add_argument("--delay-ms", type=float, default=20.0)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers of every read")
+    parser.add_argument("--workers", default="0,2", help="DataLoader worker counts, comma separated: every "
+                        "reader reads with each, and is compared at its best")
     parser.add_argument("--peers-python", default=str(REPO / ".venv-peers" / "bin" / "python"),
                         help="the Python of the environment that has LitData and Streaming")
     parser.add_argument("--readers", default=",".join(READERS), help="comma separated, of " + ", ".join(READERS))
@@ -188,6 +198,7 @@ def main() -> None:
                         "default), not in memory: every ranged request then reads the whole object from disk")
     args = parser.parse_args()
     readers, modes = args.readers.split(","), args.modes.split(",")
+    worker_counts = [int(n) for n in args.workers.split(",")]
     sys.path.insert(0, str(REPO))
     from packload.packer.pipeline import pack  # noqa: PLC0415
     from tests.object_store import FAKE_CREDENTIALS, ObjectStore  # noqa: PLC0415
@@ -214,43 +225,49 @@ def main() -> None:
             fs.put(str(written), f"{BUCKET}/{WHERE[name]}", recursive=True)
         rows: dict[str, list[dict[str, Any]]] = {}
 
-        def run(key: str, name: str, mode: str, url: str, cache: Path) -> None:
+        def run(key: str, name: str, mode: str, url: str, cache: Path, workers: int) -> None:
             before = len(store.proxy.requests)
             got = child(python[name], "read", name, mode, url, str(cache), store.proxy.endpoint,
-                        str(args.workers), env=env)
+                        str(workers), env=env)
             got["requests"] = len(store.proxy.requests) - before
+            got["workers"] = workers
             rows.setdefault(key, []).append(got)
-            print(f"  {key:36s} {got['images_per_s']:8.0f} img/s  first batch {got['first_batch_s']:.2f} s  "
-                  f"{got['requests']} requests  {got['images']} images", flush=True)
+            print(f"  {key:36s} workers {workers}  {got['images_per_s']:8.0f} img/s  first batch "
+                  f"{got['first_batch_s']:.2f} s  {got['requests']} requests  {got['images']} images", flush=True)
 
         for r in range(args.rounds):
             print(f"round {r}", flush=True)
             turn = readers[r % len(readers):] + readers[: r % len(readers)]
             for mode in modes:
-                for name in turn:
-                    url = f"s3://{BUCKET}/{WHERE[name]}"
-                    cache = root / f"cache-{name}-{mode}-{r}"
-                    run(f"{name} {mode} cold", name, mode, url, cache)
-                    if mode == "bytes":
-                        run(f"{name} bytes second epoch", name, mode, url, cache)
+                for workers in worker_counts:
+                    for name in turn:
+                        url = f"s3://{BUCKET}/{WHERE[name]}"
+                        cache = root / f"cache-{name}-{mode}-{workers}-{r}"
+                        run(f"{name} {mode} cold", name, mode, url, cache, workers)
+                        if mode == "bytes":
+                            run(f"{name} bytes second epoch", name, mode, url, cache, workers)
             if "packload" in readers:
-                run("packload bytes local", "packload", "bytes", str(root / "p.shards"), root / "unused")
+                for workers in worker_counts:
+                    run("packload bytes local", "packload", "bytes", str(root / "p.shards"), root / "unused", workers)
         print(summary(rows, readers))
 
 
 def summary(rows: dict[str, list[dict[str, Any]]], readers: list[str]) -> str:
-    best = {key: max(r["images_per_s"] for r in runs) for key, runs in rows.items()}
-    lines = [f"best of {len(next(iter(rows.values())))} rounds, images/s:"]
-    lines += [f"  {key:36s} {value:8.0f}" for key, value in best.items()]
+    """Each reader's best read (over the rounds and the worker counts), and the ratios of packload's."""
+    best = {key: max(runs, key=lambda run: run["images_per_s"]) for key, runs in rows.items()}
+    rate = {key: run["images_per_s"] for key, run in best.items()}
+    lines = ["best of the rounds and worker counts, images/s:"]
+    lines += [f"  {key:36s} {run['images_per_s']:8.0f}  (workers {run['workers']}, first batch "
+              f"{run['first_batch_s']:.2f} s, {run['requests']} requests)" for key, run in best.items()]
     for mode in MODES:
         for ours in ("packload", "packload-shuffled"):
-            mine = best.get(f"{ours} {mode} cold")
+            mine = rate.get(f"{ours} {mode} cold")
             for peer in ("litdata", "streaming"):
-                theirs = best.get(f"{peer} {mode} cold")
+                theirs = rate.get(f"{peer} {mode} cold")
                 if mine and theirs:
                     lines.append(f"  {ours} / {peer}, {mode}, cold: {mine / theirs:.2f}x")
-    if best.get("packload bytes local") and best.get("packload bytes second epoch"):
-        lines.append(f"  packload second epoch / local: {best['packload bytes second epoch'] / best['packload bytes local']:.2f}")
+    if rate.get("packload bytes local") and rate.get("packload bytes second epoch"):
+        lines.append(f"  packload second epoch / local: {rate['packload bytes second epoch'] / rate['packload bytes local']:.2f}")
     return "\n".join(lines)
 
 
