@@ -10,15 +10,17 @@ streams the answer back. Makes seeded JPEGs
 (about 100 KiB each, ImageNet-like sizes) and writes three copies of them: a packload shards pack,
 a LitData ``optimize()`` output and a Streaming ``MDSWriter`` output (through
 ``benchmarks/peers.py``, in the peers' environment), all of 64 MB objects, and uploads each to the
-server. Each round then reads every image once through a DataLoader (with each of ``--workers``
-worker counts: 0 reads in the main process, where packload decodes a batch on threads; batches of 64), bytes and decoded (packload's codec for all three), in a fresh process per read:
-packload (``PackedImageFolder`` of the ``s3://`` URL with its sampler: in stored order, as the peers
-read here, and as ``packload-shuffled`` with its block-local shuffle), LitData
+server. Each round then reads every image through a DataLoader with each of the ``--workers``
+worker counts (0 reads in the main process, where packload decodes a batch on threads; batches of
+64), bytes and decoded (packload's codec for all three), in a fresh process per read: packload
+(``PackedImageFolder`` of the ``s3://`` URL with its sampler: in stored order, as the peers read
+here, and as ``packload-shuffled`` with its block-local shuffle), LitData
 (``litdata.StreamingDataset`` with ``storage_options={"endpoint_url": ...}``) and Streaming
-(``streaming.StreamingDataset`` with ``S3_ENDPOINT_URL``), each with a new, empty cache folder
-(cold); then each again with the cache its cold read filled (second epoch), and packload's local
-pack. The order of the readers turns each round. Prints images/s, the first batch's wait and the
-requests the proxy saw for each, and the ratios.
+(``streaming.StreamingDataset`` with ``S3_ENDPOINT_URL``), each with a new, empty cache folder: the
+first epoch is the cold read; for bytes, a second epoch follows in the same process, from the cache
+the first filled. Then packload's local pack. The order of the readers turns each round. Each reader
+is compared at its best (of the rounds and the worker counts). Prints images/s, the first batch's
+wait and the requests the proxy saw for each, and the ratios.
 
 The peers need their own environment (BENCHMARKS.md, "Reproduce"); it must import *this* checkout's
 packload nowhere: the peers' reads and writes import only ``benchmarks/peers.py``.
@@ -127,8 +129,10 @@ def peer_dataset(name: str, url: str, cache: Path, endpoint: str, decode: Any) -
     return peers._StreamingIterable(ds, functools.partial(peers._mds_pair, decode=decode), len(ds))
 
 
-def read(reader: str, mode: str, url: str, cache: Path, endpoint: str, workers: int) -> dict[str, Any]:
-    """Read every image once through a DataLoader; the figures (timed from building the dataset)."""
+def read(reader: str, mode: str, url: str, cache: Path, endpoint: str, workers: int,
+         epochs: int = 1) -> dict[str, Any]:
+    """Read every image ``epochs`` times through one DataLoader; the first epoch's figures (timed from
+    building the dataset), with the second's under ``second_epoch`` (timed from its start)."""
     import torch.utils.data as tud  # noqa: PLC0415 - imports are the process's cost, not the read's: before the clock
 
     # Each reader's client of the store too (s3fs for packload, boto3 for the peers): each imports it
@@ -159,16 +163,25 @@ def read(reader: str, mode: str, url: str, cache: Path, endpoint: str, workers: 
     else:
         ds = peer_dataset(reader, url, cache, endpoint, decode)
     loader = tud.DataLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=workers, collate_fn=as_list)
-    first = None
-    images = size = 0
-    for batch in loader:
-        if first is None:
-            first = time.perf_counter() - started
-        images += len(batch)
-        size += sum(len(item) if isinstance(item, bytes) else item.nbytes for item, _ in batch)
-    seconds = time.perf_counter() - started
-    return {"images": images, "bytes": size, "seconds": seconds, "first_batch_s": first,
-            "images_per_s": images / seconds}
+    figures: dict[str, Any] = {}
+    for epoch in range(epochs):  # the second from the cache the first filled, in the same process
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+        first = None
+        images = size = 0
+        for batch in loader:
+            if first is None:
+                first = time.perf_counter() - started
+            images += len(batch)
+            size += sum(len(item) if isinstance(item, bytes) else item.nbytes for item, _ in batch)
+        seconds = time.perf_counter() - started
+        figures = figures or {"images": images, "bytes": size, "seconds": seconds, "first_batch_s": first,
+                              "images_per_s": images / seconds}
+        if epoch:
+            figures["second_epoch"] = {"images": images, "seconds": seconds, "first_batch_s": first,
+                                       "images_per_s": images / seconds}
+        started = time.perf_counter()
+    return figures
 
 
 # ---------------------------------------------------------------- the run
@@ -225,15 +238,21 @@ def main() -> None:
             fs.put(str(written), f"{BUCKET}/{WHERE[name]}", recursive=True)
         rows: dict[str, list[dict[str, Any]]] = {}
 
-        def run(key: str, name: str, mode: str, url: str, cache: Path, workers: int) -> None:
+        def run(key: str, name: str, mode: str, url: str, cache: Path, workers: int, epochs: int = 1) -> None:
             before = len(store.proxy.requests)
             got = child(python[name], "read", name, mode, url, str(cache), store.proxy.endpoint,
-                        str(workers), env=env)
+                        str(workers), str(epochs), env=env)
             got["requests"] = len(store.proxy.requests) - before
             got["workers"] = workers
+            second = got.pop("second_epoch", None)
             rows.setdefault(key, []).append(got)
             print(f"  {key:36s} workers {workers}  {got['images_per_s']:8.0f} img/s  first batch "
                   f"{got['first_batch_s']:.2f} s  {got['requests']} requests  {got['images']} images", flush=True)
+            if second is not None:  # requests: both epochs' (the cold read's are its own row's)
+                second.update(workers=workers, requests=got["requests"])
+                rows.setdefault(key.replace(" cold", " second epoch"), []).append(second)
+                print(f"  {key.replace(' cold', ' second epoch'):36s} workers {workers}  "
+                      f"{second['images_per_s']:8.0f} img/s  first batch {second['first_batch_s']:.2f} s", flush=True)
 
         for r in range(args.rounds):
             print(f"round {r}", flush=True)
@@ -243,12 +262,11 @@ def main() -> None:
                     for name in turn:
                         url = f"s3://{BUCKET}/{WHERE[name]}"
                         cache = root / f"cache-{name}-{mode}-{workers}-{r}"
-                        run(f"{name} {mode} cold", name, mode, url, cache, workers)
-                        if mode == "bytes":
-                            run(f"{name} bytes second epoch", name, mode, url, cache, workers)
+                        run(f"{name} {mode} cold", name, mode, url, cache, workers, 2 if mode == "bytes" else 1)
             if "packload" in readers:
                 for workers in worker_counts:
-                    run("packload bytes local", "packload", "bytes", str(root / "p.shards"), root / "unused", workers)
+                    run("packload local bytes cold", "packload", "bytes", str(root / "p.shards"), root / "unused",
+                        workers, 2)
         print(summary(rows, readers))
 
 
@@ -266,8 +284,10 @@ def summary(rows: dict[str, list[dict[str, Any]]], readers: list[str]) -> str:
                 theirs = rate.get(f"{peer} {mode} cold")
                 if mine and theirs:
                     lines.append(f"  {ours} / {peer}, {mode}, cold: {mine / theirs:.2f}x")
-    if rate.get("packload bytes local") and rate.get("packload bytes second epoch"):
-        lines.append(f"  packload second epoch / local: {rate['packload bytes second epoch'] / rate['packload bytes local']:.2f}")
+    local = rate.get("packload local bytes second epoch")
+    for ours in ("packload", "packload-shuffled"):
+        if local and rate.get(f"{ours} bytes second epoch"):
+            lines.append(f"  {ours} second epoch / the local pack's: {rate[f'{ours} bytes second epoch'] / local:.2f}")
     return "\n".join(lines)
 
 
@@ -276,8 +296,8 @@ def child_main(argv: list[str]) -> None:
         write_peer(argv[1], Path(argv[2]), Path(argv[3]))
         print(json.dumps({"ok": True}))
     else:
-        _, reader, mode, url, cache, endpoint, workers = argv
-        print(json.dumps(read(reader, mode, url, Path(cache), endpoint, int(workers))))
+        _, reader, mode, url, cache, endpoint, workers, epochs = argv
+        print(json.dumps(read(reader, mode, url, Path(cache), endpoint, int(workers), int(epochs))))
 
 
 if __name__ == "__main__":

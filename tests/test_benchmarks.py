@@ -303,3 +303,22 @@ def test_ray_scan_benchmark_tree_and_comparison(tmp_path: Path) -> None:
     (tmp_path / "t" / "c0001" / "extra.jpg").write_bytes(b"x")
     with pytest.raises(AssertionError, match="differs from the serial scan"):  # a listing that differs is caught
         bench_ray_scan.compare(lambda: scan, lambda: scan_folder(tmp_path / "t"), 1)
+
+
+def test_object_store_summary_compares_each_reader_at_its_best():
+    """bench_object_store: each reader's best over rounds and worker counts, then the ratios."""
+    from benchmarks import bench_object_store
+
+    def row(rate, workers, first=0.5):
+        return {"images_per_s": rate, "workers": workers, "first_batch_s": first, "requests": 40}
+
+    rows = {"packload bytes cold": [row(300, 0), row(200, 2)],
+            "litdata bytes cold": [row(100, 0), row(150, 2)],
+            "streaming bytes cold": [row(60, 2)],
+            "packload bytes second epoch": [row(800, 0)],
+            "packload local bytes second epoch": [row(1000, 0), row(900, 2)]}
+    text = bench_object_store.summary(rows, ["packload", "litdata", "streaming"])
+    assert "packload / litdata, bytes, cold: 2.00x" in text  # 300 (0 workers) against 150 (2 workers)
+    assert "packload / streaming, bytes, cold: 5.00x" in text
+    assert "packload second epoch / the local pack's: 0.80" in text
+    assert "(workers 2," in text.split("litdata bytes cold")[1].splitlines()[0]
