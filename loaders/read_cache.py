@@ -5,7 +5,9 @@ file and renamed, so a reader (in this process or another: DataLoader workers sh
 finds either a whole block or none. Before a block is written, the oldest files (least recently
 used) are deleted until the new one fits: the files under the folder never take more than
 ``limit`` bytes together. Writers in several processes take turns under a lock file, so the
-limit holds across them too. A block larger than the whole limit is not kept.
+limit holds across them too; the lock file also records the bytes the files take, so a write that
+fits needs no walk over the folder (a full cache holds thousands of blocks). A block larger than
+the whole limit is not kept.
 
 ``fetching(pack, name)`` is a lock of one block across processes (and threads): the one that holds it fetches
 the block, and another that wants the same block waits for it and then reads the cached file, so
@@ -72,18 +74,16 @@ class BlockCache:
 
     def put(self, pack: str, name: str, data: bytes | memoryview) -> Path | None:
         """Keep ``data`` as ``name``; returns its file, or None when it cannot be kept (larger than
-        the limit, or the folder cannot be written: the bytes are then only in memory)."""
+        the limit, or the folder cannot be written: the bytes are then only in memory). The room is
+        made, and the file's whole size taken, under the folder's lock; the bytes are written after."""
         if len(data) > self.limit:
             return None
         path = self.path(pack, name)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with self._lock, self._folder_lock():
-                self.make_room(len(data))
-                tmp = path.with_name(f"{path.name}{_TMP_MARK}{os.getpid()}-{threading.get_ident()}")
-                with open(tmp, "wb") as f:
-                    f.write(data)
-                os.replace(tmp, path)
+            tmp = self._claim(path, len(data))
+            with open(tmp, "r+b") as f:
+                f.write(data)
+            os.replace(tmp, path)
         except OSError:
             return None
         return path
@@ -93,14 +93,28 @@ class BlockCache:
         the caller renames); the temporary path. OSError when it cannot fit."""
         if size > self.limit:
             raise OSError(f"{size:,} bytes do not fit a cache limited to {self.limit:,}")
-        path = self.path(pack, name)
+        return self._claim(self.path(pack, name), size)
+
+    def _claim(self, path: Path, size: int) -> Path:
+        """A temporary file of ``size`` bytes beside ``path``, made under the folder's lock once
+        there is room for it (so other writers count it whole)."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        with self._lock, self._folder_lock():
-            self.make_room(size)
+        with self._lock, self._folder_lock() as lock:
+            self._make_room(lock, size)
             tmp = path.with_name(f"{path.name}{_TMP_MARK}{os.getpid()}-{threading.get_ident()}")
             with open(tmp, "wb") as f:
-                f.truncate(size)  # holds its place: other writers count it
+                f.truncate(size)  # holds its place
         return tmp
+
+    def _make_room(self, lock: _FileLock, size: int) -> None:
+        """Room for ``size`` more bytes. The folder's lock file records the bytes its files take, so
+        a write that fits needs no look at the folder; one that does not (or a record missing or
+        larger than the truth, after files were deleted by hand) walks it, deletes, and records anew."""
+        recorded = lock.read_number()
+        if recorded is not None and recorded + size <= self.limit:
+            lock.write_number(recorded + size)
+            return
+        lock.write_number(self.make_room(size) + size)
 
     def fetching(self, pack: str, name: str) -> _FileLock:
         """A lock on block ``name`` held while it is fetched (``with cache.fetching(...)``): another
@@ -109,9 +123,9 @@ class BlockCache:
         path.parent.mkdir(parents=True, exist_ok=True)
         return _FileLock(path, remove=True)
 
-    def make_room(self, size: int) -> None:
+    def make_room(self, size: int) -> int:
         """Delete the least recently used files until ``size`` more bytes fit under the limit
-        (called with the folder's lock held)."""
+        (called with the folder's lock held); the bytes the files left take."""
         files = self.files()
         total = sum(length for _, _, length in files)
         for _, path, length in sorted(files):
@@ -122,6 +136,7 @@ class BlockCache:
             except OSError:
                 continue
             total -= length
+        return total
 
     def files(self) -> list[tuple[float, Path, int]]:
         """(last use, path, bytes) of every file under the folder, the lock file aside."""
@@ -171,6 +186,17 @@ class _FileLock:
             os.close(self.fd)
             raise
         return self
+
+    def read_number(self) -> int | None:
+        """The number written in the held lock file (None: none, or not one)."""
+        text = os.pread(self.fd, 32, 0)
+        return int(text) if text.strip().isdigit() else None
+
+    def write_number(self, number: int) -> None:
+        """Write ``number`` into the held lock file, in place of what it held."""
+        data = str(number).encode()
+        os.pwrite(self.fd, data, 0)
+        os.ftruncate(self.fd, len(data))
 
     def __exit__(self, *exc: object) -> None:
         if self.remove:  # whoever waits holds the old file: it then finds the block cached

@@ -10,11 +10,12 @@ import time
 import pytest
 
 from packload.core.errors import UsageError
-from packload.loaders.read_cache import DEFAULT_CACHE_LIMIT, BlockCache, default_cache_dir
+from packload.loaders.read_cache import DEFAULT_CACHE_LIMIT, LOCK_NAME, BlockCache, default_cache_dir
 
 
 def _used(folder):
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    """Bytes of the cached files (the lock file aside: a few bytes, the cache's record of its size)."""
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and p.name != LOCK_NAME)
 
 
 def test_put_and_get_round_trip(tmp_path):
@@ -186,3 +187,23 @@ def test_a_lock_let_go_is_free_though_a_forked_process_has_its_descriptor(tmp_pa
         os.waitpid(keeper, 0)
     assert ended, "the waiter never got the lock: a forked copy of the descriptor kept it held"
     assert marks.read_text().split() == ["waiter"]
+
+
+def test_a_put_that_fits_the_recorded_size_does_not_walk_the_folder(tmp_path, monkeypatch):
+    """The folder's lock file records the bytes cached: a put that fits needs no listing of every
+    file (a full cache holds thousands); one that does not fit walks the folder and evicts."""
+    cache = BlockCache(tmp_path, limit=1000)
+    walks = []
+    files = BlockCache.files
+    monkeypatch.setattr(BlockCache, "files", lambda self: walks.append(1) or files(self))
+    cache.put("p", "a", b"a" * 300)  # nothing recorded yet: one walk
+    assert len(walks) == 1
+    cache.put("p", "b", b"b" * 300)
+    cache.put("p", "c", b"c" * 300)
+    assert len(walks) == 1 and (tmp_path / LOCK_NAME).read_text() == "900"
+    cache.put("p", "d", b"d" * 300)  # does not fit: walks, evicts the oldest
+    assert len(walks) == 2 and _used(tmp_path) == 900 and not (tmp_path / "p" / "a").exists()
+    (tmp_path / "p" / "b").unlink()  # deleted by hand: the record is now more than the truth
+    cache.put("p", "e", b"e" * 400)  # 900 + 400 recorded: walks, finds 600 + 400 fit, evicts nothing
+    assert len(walks) == 3 and sorted(p.name for p in (tmp_path / "p").iterdir()) == ["c", "d", "e"]
+    assert (tmp_path / LOCK_NAME).read_text() == "1000" and _used(tmp_path) == 1000
