@@ -54,9 +54,13 @@ class GcsStore:
     """gcp-storage-emulator on a free port of 127.0.0.1, a ``CountingProxy`` in front of it."""
 
     def __init__(self, delay_s: float = 0.0) -> None:
+        import gcsfs  # noqa: PLC0415
         from gcp_storage_emulator.server import RequestHandler  # noqa: PLC0415 - a dev extra; tests skip without it
         from gcp_storage_emulator.storage import Storage  # noqa: PLC0415
 
+        if gcsfs.GCSFileSystem.__name__ != "GCSFileSystem":
+            raise RuntimeError("gcsfs was imported before tests/gcs_store.py, with its gRPC features on: import "
+                               "tests.gcs_store first, or set GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false")
         self.storage = Storage(use_memory_fs=True)
         self.server = _EmulatorServer(("127.0.0.1", 0), partial(RequestHandler, self.storage))
         self.server.daemon_threads = True

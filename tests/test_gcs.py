@@ -217,7 +217,7 @@ def test_missing_credentials_are_one_line_naming_the_variable(store, tmp_path, m
     with pytest.raises(PackloadError, match="no credentials") as info:
         PackReader(url, storage_options=options, cache_dir=tmp_path)
     text = str(info.value)
-    assert "\n" not in text and text.startswith(url) and "GOOGLE_APPLICATION_CREDENTIALS" in text
+    assert "\n" not in text and text.startswith(url) and "GOOGLE_APPLICATION_CREDENTIALS" in text and "AWS_" not in text
 
 
 @pytest.fixture
