@@ -262,3 +262,29 @@ def test_refused_requests_are_not_retried_and_name_the_fix(status, words):
     assert len(calls) == 1 and "\n" not in str(info.value) and str(info.value).startswith("gs://bkt/p.shards")
     if status == 401:
         assert "GOOGLE_APPLICATION_CREDENTIALS" in str(info.value) and "AWS_" not in str(info.value)
+
+
+def test_shards_larger_than_a_simple_upload_go_up_resumable_and_read_back_by_blocks(store, tmp_path):
+    """Noise images (they do not compress) make a shard over gcsfs's 5 MiB simple-upload limit: it
+    goes up in a resumable upload, and comes back in 8 MiB ranged reads, the last one short."""
+    import numpy as np  # noqa: PLC0415
+    from PIL import Image  # noqa: PLC0415
+
+    rng = np.random.default_rng(7)
+    for k in range(6):
+        noise = rng.integers(0, 256, size=(1100, 1000, 3), dtype=np.uint8)
+        (tmp_path / "src" / f"c{k % 2}").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(noise).save(tmp_path / "src" / f"c{k % 2}" / f"n{k}.png")
+    pack(tmp_path / "src", tmp_path / "big.shards", shard_size=64 << 20, progress=False)
+    shard = tmp_path / "big.shards" / "shard-00000.bin"
+    assert shard.stat().st_size > DEFAULT_BLOCK_SIZE + (5 << 20)  # two blocks, the second partial
+    url = f"gs://{BUCKET}/{tmp_path.name}/big.shards"
+    pack(tmp_path / "src", url, shard_size=64 << 20, progress=False, storage_options=store.options)
+    resumable = [path for method, path, _ in store.proxy.requests if method == "POST" and "uploadType=resumable" in path
+                 and f"{tmp_path.name}/big.shards/shard-00000.bin" in path.replace("%2F", "/")]
+    chunks = [path for path in resumable if "upload_id=" in path]
+    assert len(resumable) - len(chunks) == 1 and chunks  # started once, its bytes sent under the upload's id
+    before = store.proxy.count("GET", ranged=True)
+    ds = PackedImageFolder(url, output="bytes", storage_options=store.options, cache_dir=tmp_path / "cache")
+    assert [ds[i] for i in range(len(ds))] == _local_items(tmp_path / "big.shards")
+    assert store.proxy.count("GET", ranged=True) - before >= 2
