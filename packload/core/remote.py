@@ -85,11 +85,13 @@ def endpoint_hint(url: str) -> str:
 
 
 def _causes(exc: BaseException) -> list[BaseException]:
-    """``exc`` and the errors it was raised from, innermost last (a client's wrapping undone)."""
+    """``exc`` and the errors it was raised from, innermost last (a client's wrapping undone), as a
+    traceback would show them."""
     chain: list[BaseException] = []
-    while exc is not None and exc not in chain and len(chain) < 16:
-        chain.append(exc)
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    item: BaseException | None = exc
+    while item is not None and item not in chain and len(chain) < 16:
+        chain.append(item)
+        item = item.__cause__ or (None if item.__suppress_context__ else item.__context__)
     return chain
 
 
