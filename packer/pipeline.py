@@ -207,8 +207,13 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: s
          options: EncodeOptions | None = None, workers: int | None = None,
          shard_size: int = DEFAULT_SHARD_SIZE, overwrite: bool = False, resume: bool = False,
          strict: bool = False, progress: bool = True, checkpoint_every: int | None = None,
-         shard_sink: Callable[[Path], None] | None = None) -> dict[str, Any]:
+         shard_sink: Callable[[Path], None] | None = None,
+         storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Pack the ImageFolder tree ``src`` into ``dst`` (an LMDB file or a shards folder).
+
+    ``dst`` may be a URL (``s3://bucket/train.shards``, ``gs://...``, any fsspec URL): the pack is
+    then written through ``packer.upload.pack_to_url`` (shards uploaded as they are finished, the
+    manifest last), ``storage_options`` going to fsspec (an endpoint, credentials).
 
     Files that fail their check are skipped and listed in the manifest (``strict=True`` makes the
     first one an error). ``shard_sink`` takes each finished shard away (``packer.upload``; shards
@@ -217,6 +222,12 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: s
     another command writing ``dst`` at the same time is refused. Returns a summary: counts, sizes,
     time and rates.
     """
+    if is_url(dst) and shard_sink is None:
+        from packload.packer.upload import pack_to_url  # noqa: PLC0415 - it imports this module
+
+        return pack_to_url(src, str(dst), backend=backend, options=options, workers=workers, shard_size=shard_size,
+                           overwrite=overwrite, resume=resume, strict=strict, progress=progress,
+                           checkpoint_every=checkpoint_every, storage_options=storage_options)
     started = time.perf_counter()
     src_path, dst_path = Path(src), Path(dst)
     options = options or EncodeOptions()

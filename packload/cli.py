@@ -24,6 +24,7 @@ from packload.cli_parser import (
     Parser,
     check_output_file,
     in_flag_names,
+    library_logs_quiet,
     print_error,
     print_warning,
     subcommand_parser,
@@ -399,7 +400,7 @@ def _run(parser: Parser, argv: Sequence[str] | None) -> int:
     if extra:
         used.refuse_unknown(extra)
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), library_logs_quiet():
             warnings.showwarning = print_warning
             return args.run(args)
     except UsageError as exc:

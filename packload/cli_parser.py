@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import logging
 import os
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any, NoReturn
 
 from packload.core.display import safe_lines
@@ -127,3 +129,20 @@ def print_warning(message: Warning | str, category: type[Warning], filename: str
                   file: Any = None, line: str | None = None) -> None:
     """A ``warnings.showwarning`` for the command line: ``packload: warning: ...`` on one line."""
     print(safe_lines([f"packload: warning: {message}"]), file=file or sys.stderr)
+
+
+@contextmanager
+def library_logs_quiet() -> Iterator[None]:
+    """While a command runs, the log records of the libraries it calls stay off stderr (gcsfs logs
+    each request it gave up on, with its traceback); the command reports a failure in one line of
+    its own. Where the program has configured logging (a handler on the root logger), nothing changes."""
+    root = logging.getLogger()
+    if root.handlers:
+        yield
+        return
+    quiet = logging.NullHandler()  # a handler found: Python's last-resort printer to stderr is not used
+    root.addHandler(quiet)
+    try:
+        yield
+    finally:
+        root.removeHandler(quiet)

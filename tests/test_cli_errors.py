@@ -160,3 +160,34 @@ def test_python_names_become_flags() -> None:
     assert in_flag_names("/data/step_ms/x.jpg is fine", tune) == "/data/step_ms/x.jpg is fine"  # paths kept
     assert did_you_mean("verfy", ["verify", "info"]) == " (did you mean 'verify'?)"
     assert did_you_mean("zzz", ["verify", "info"]) == ""
+
+
+def test_library_log_records_stay_off_stderr_unless_logging_is_configured(capsys):
+    """A library's error record with its traceback (as gcsfs logs a request it gave up on) is not
+    printed while a command runs; a program that configured logging still gets its records."""
+    import logging  # noqa: PLC0415
+
+    from packload.cli_parser import library_logs_quiet  # noqa: PLC0415
+
+    library = logging.getLogger("some_store_client")
+    root = logging.getLogger()
+    saved = root.handlers[:]
+    root.handlers.clear()  # as in a fresh `packload` process: nothing configured
+    try:
+        with library_logs_quiet():
+            try:
+                raise ConnectionRefusedError("connect failed")
+            except ConnectionRefusedError:
+                library.exception("request out of retries")
+        assert capsys.readouterr().err == ""
+        library.error("after the command")  # Python's last resort prints it again
+        assert "after the command" in capsys.readouterr().err
+        records: list[logging.LogRecord] = []
+        handler = logging.Handler()
+        handler.emit = records.append  # type: ignore[method-assign]
+        root.addHandler(handler)
+        with library_logs_quiet():
+            library.error("configured")
+        assert [r.getMessage() for r in records] == ["configured"]
+    finally:
+        root.handlers[:] = saved

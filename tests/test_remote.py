@@ -93,3 +93,44 @@ def test_a_store_pickles_as_its_url():
     store = RemoteStore("s3://bkt/x.shards/", {"anon": True})
     copy = pickle.loads(pickle.dumps(store))
     assert copy.url == "s3://bkt/x.shards" and copy.storage_options == {"anon": True} and copy._fs is None
+
+
+def test_a_refused_connection_is_not_retried(monkeypatch):
+    """The store's client retried the connection already; wrapped as clients wrap it."""
+    monkeypatch.setattr(remote, "RETRY_PAUSE", 0.001)
+    calls = []
+
+    def refused():
+        calls.append(1)
+        try:
+            raise ConnectionRefusedError(111, "Connect call failed ('127.0.0.1', 9)")
+        except ConnectionRefusedError as exc:
+            raise OSError("Cannot connect to host 127.0.0.1:9") from exc
+
+    with pytest.raises(PackloadError, match="could not connect") as info:
+        retried(refused, "s3://b/x")
+    assert len(calls) == 1 and "AWS_ENDPOINT_URL" in str(info.value) and "\n" not in str(info.value)
+    with pytest.raises(WriteError, match="STORAGE_EMULATOR_HOST"):
+        retried(refused, "gs://b/x", writing=True)
+
+
+def test_each_scheme_gets_its_own_credentials_hint():
+    class NoCredentialsError(Exception):
+        pass
+
+    missing = NoCredentialsError("Unable to locate credentials")
+    s3, gs = str(remote_error(missing, "s3://b/x")), str(remote_error(missing, "gcs://b/x"))
+    assert "AWS_ACCESS_KEY_ID" in s3 and "GOOGLE_APPLICATION_CREDENTIALS" not in s3
+    assert "GOOGLE_APPLICATION_CREDENTIALS" in gs and "AWS_" not in gs
+    assert "storage_options" in str(remote_error(missing, "abfs://c/x"))
+
+
+def test_an_http_status_in_the_chain_is_read():
+    class ClientResponseError(Exception):  # as aiohttp's: the status in an attribute
+        def __init__(self, status: int) -> None:
+            super().__init__(f"{status}, message='Forbidden'")
+            self.status = status
+
+    assert "access denied" in str(remote_error(ClientResponseError(403), "https://host/x"))
+    assert "no credentials" in str(remote_error(ClientResponseError(401), "https://host/x"))
+    assert "did not answer" in str(remote_error(ClientResponseError(503), "https://host/x"))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -53,17 +54,82 @@ class RemoteMissingError(RemoteError, FileNotFoundError):
     """The object (or its bucket) is not there."""
 
 
+# What each scheme's users set for credentials, and for another endpoint (an S3-compatible server,
+# a GCS emulator); named in the errors about them.
+CREDENTIALS_OF_SCHEME = {
+    "s3": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or a profile in ~/.aws/credentials), or pass "
+          "storage_options={'anon': True} for a public bucket",
+    "gs": "set GOOGLE_APPLICATION_CREDENTIALS to a service account's key file (or run `gcloud auth "
+          "application-default login`), or pass storage_options={'token': 'anon'} for a public bucket",
+}
+ENDPOINT_OF_SCHEME = {"s3": "AWS_ENDPOINT_URL", "gs": "STORAGE_EMULATOR_HOST"}
+_SCHEME_FAMILY = {"s3a": "s3", "gcs": "gs"}
+
+
+def _family(url: str) -> str:
+    scheme = scheme_of(url)
+    return _SCHEME_FAMILY.get(scheme, scheme)
+
+
+def credentials_hint(url: str) -> str:
+    """How a user of ``url``'s store gives it credentials."""
+    return CREDENTIALS_OF_SCHEME.get(_family(url), "pass the credentials the filesystem of this URL takes in "
+                                                  "storage_options (see its documentation)")
+
+
+def endpoint_hint(url: str) -> str:
+    """What to check when ``url``'s store cannot be reached."""
+    variable = ENDPOINT_OF_SCHEME.get(_family(url))
+    where = f" ({variable} or storage_options' endpoint_url, if you use another server)" if variable else ""
+    return f"check the endpoint{where} and the network"
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the errors it was raised from, innermost last (a client's wrapping undone), as a
+    traceback would show them."""
+    chain: list[BaseException] = []
+    item: BaseException | None = exc
+    while item is not None and item not in chain and len(chain) < 16:
+        chain.append(item)
+        item = item.__cause__ or (None if item.__suppress_context__ else item.__context__)
+    return chain
+
+
+def _http_status(exc: BaseException) -> int | None:
+    """The HTTP status an error of the store's client carries (``code`` or ``status``), if any."""
+    for item in _causes(exc):
+        for attribute in ("code", "status"):
+            value = getattr(item, attribute, None)
+            if isinstance(value, int) and 400 <= value < 600:
+                return value
+    return None
+
+
 def _is_missing_credentials(exc: BaseException) -> bool:
     name = type(exc).__name__
     text = str(exc).lower()
     return name in ("NoCredentialsError", "PartialCredentialsError", "DefaultCredentialsError") \
-        or "unable to locate credentials" in text or "could not find default credentials" in text
+        or "unable to locate credentials" in text or "could not find default credentials" in text \
+        or _http_status(exc) == 401
+
+
+def _is_denied(exc: BaseException) -> bool:
+    """Access refused: a ``PermissionError``, an HTTP 403, or an error that says Forbidden (as
+    gcsfs's plain ``OSError`` for a 403 does)."""
+    return isinstance(exc, PermissionError) or _http_status(exc) == 403 or str(exc).startswith("Forbidden")
+
+
+def _is_refused(exc: BaseException) -> bool:
+    """Nothing listens at the endpoint, or its host name is unknown: the store's client has retried
+    the connection itself already (gcsfs, botocore), so another attempt here only waits longer."""
+    return any(isinstance(item, ConnectionRefusedError | socket.gaierror) for item in _causes(exc))
 
 
 def _permanent(exc: BaseException) -> bool:
     """An error that another attempt would not cure."""
     return isinstance(exc, FileNotFoundError | PermissionError | IsADirectoryError | NotADirectoryError
-                      | PackloadError | ValueError | TypeError) or _is_missing_credentials(exc)
+                      | PackloadError | ValueError | TypeError) or _is_missing_credentials(exc) \
+        or _is_denied(exc) or _is_refused(exc)
 
 
 def remote_error(exc: BaseException, url: str, writing: bool = False) -> PackloadError:
@@ -72,20 +138,22 @@ def remote_error(exc: BaseException, url: str, writing: bool = False) -> Packloa
         return exc
     text = " ".join(str(exc).split())[:200] or type(exc).__name__
     if _is_missing_credentials(exc):
-        return RemoteError(f"{url}: no credentials for the object store ({text}); set AWS_ACCESS_KEY_ID and "
-                           "AWS_SECRET_ACCESS_KEY (or a profile in ~/.aws/credentials, or GOOGLE_APPLICATION_CREDENTIALS "
-                           "for gs://), or pass storage options for anonymous access")
+        return RemoteError(f"{url}: no credentials for the object store, or they were refused ({text}); "
+                           f"{credentials_hint(url)}")
     if isinstance(exc, FileNotFoundError):
         if "bucket" in text.lower():
             return RemoteMissingError(f"{url}: the bucket does not exist ({text}); check the bucket's name, "
                                       "or create it first")
         return RemoteMissingError(f"{url}: no such object; check the URL (give the shards folder or .lmdb "
                                   "object that `pack` wrote)")
-    if isinstance(exc, PermissionError):
+    if _is_denied(exc):
         return RemoteError(f"{url}: access denied ({text}); check the credentials and the bucket's permissions")
     kind = WriteError if writing else RemoteError
+    if _is_refused(exc):
+        return kind(f"{url}: could not connect to the object store ({type(exc).__name__}: {text}); "
+                    f"{endpoint_hint(url)}")
     return kind(f"{url}: the object store did not answer after {RETRIES} attempts ({type(exc).__name__}: {text}); "
-                "check the endpoint and the network, then retry")
+                f"{endpoint_hint(url)}, then retry")
 
 
 def retried(call: Callable[[], T], url: str, writing: bool = False) -> T:
