@@ -31,7 +31,8 @@ from packload.packer.destination import (
 )
 from packload.packer.pipeline import LMDB_MAP_PER_FILE
 from packload.packer.ray_resume import kept_tasks, previous_run, write_run_record
-from packload.packer.ray_tasks import task_name, task_source
+from packload.packer.ray_task_folder import task_source
+from packload.packer.ray_tasks import task_name
 from packload.packer.write_lmdb import LmdbWriter
 from packload.packer.write_shards import fsync_dir, write_file_atomic
 

@@ -28,15 +28,15 @@ from packload.core.format import (
     MANIFEST_NAME,
     TASK_DONE_NAME,
     TASK_PLACED_NAME,
-    decode_index,
     shard_name,
 )
 from packload.core.manifest import build_manifest
 from packload.core.remote import RemoteStore, is_url
 from packload.core.scan import Sample
-from packload.packer.combine import ShardSource, place_shards
+from packload.packer.combine import place_shards
 from packload.packer.encode import Encoded, EncodeOptions, Skipped
 from packload.packer.pipeline import encoded_stream, io_bound, write_or_skip
+from packload.packer.ray_task_folder import task_source
 from packload.packer.ray_url_tasks import place_task_remote, stage_task
 from packload.packer.remote_source import fetched_stream
 from packload.packer.write_shards import ShardsWriter, fsync_dir, write_file_atomic
@@ -207,9 +207,3 @@ def placed_result(folder: Path, out: Path, part_base: int, record_base: int) -> 
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return placed
-
-
-def task_source(folder: Path) -> ShardSource:
-    manifest = json.loads((folder / MANIFEST_NAME).read_bytes())
-    entries, paths = decode_index((folder / INDEX_NAME).read_bytes(), str(folder / INDEX_NAME))
-    return ShardSource(folder, manifest["parts"], entries, paths)

@@ -25,6 +25,7 @@ from typing import Any
 from packload.core.format import INDEX_NAME, MANIFEST_NAME, TASK_DONE_NAME, TASK_PLACED_NAME, shard_name
 from packload.core.remote import RemoteMissingError, RemoteStore
 from packload.packer.combine import ShardSource, place_shards
+from packload.packer.ray_task_folder import task_source
 
 
 def stage_task(folder: Path, store: RemoteStore) -> None:
@@ -39,8 +40,6 @@ def stage_task(folder: Path, store: RemoteStore) -> None:
 def _task_source_remote(store: RemoteStore, folder: Path) -> ShardSource:
     """The staged task's index and manifest, downloaded into ``folder``, as a ``ShardSource`` whose
     shards are to be fetched into ``folder`` too."""
-    from packload.packer.ray_tasks import task_source  # noqa: PLC0415 - ray_tasks imports this module
-
     for name in (INDEX_NAME, MANIFEST_NAME):
         (folder / name).write_bytes(store.read_object(name))
     return task_source(folder)

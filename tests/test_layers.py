@@ -2,12 +2,14 @@
 command line, and no module uses another's private names.
 
 Each module's floor comes from where it lives. A test, not a convention: a new import that climbs a
-floor, or a writer that reaches into a reader, fails here with the line that does it.
+floor, or a writer that reaches into a reader, fails here with the line that does it; so does an
+import cycle, named module by module with the lines that close it.
 """
 
 from __future__ import annotations
 
 import ast
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -60,8 +62,9 @@ def imports(path: Path) -> list[tuple[int, str, str | None]]:
 
 
 def test_the_sources_are_found() -> None:
-    names = {name for name, _ in modules()}
-    assert {"packload.core.format", "packload.packer.pipeline", "packload.loaders.read", "packload.cli"} <= names
+    found = [name for name, _ in modules()]
+    assert {"packload.core.format", "packload.packer.pipeline", "packload.loaders.read", "packload.cli"} <= set(found)
+    assert len(found) == len(set(found)), "a module found twice (a folder reached by two paths)"
 
 
 # the compiled extension modules and the one wrapper that loads each
@@ -90,3 +93,137 @@ def test_the_floors_catch_a_climbing_import(tmp_path: Path) -> None:
     climbing.write_text("from packload.cli import main\nfrom packload.loaders.read import _private\n")
     [(_, target, _), (_, _, name)] = imports(climbing)
     assert FLOORS[area(target)] > FLOORS[area("packload.core.format")] and name.startswith("_")
+
+
+# ---------------------------------------------------------------- cycles
+
+# Import edges known to close a cycle, each being taken out by a change of its own. One edge per
+# cycle (the one that goes back), so that the rest of the graph is still checked; remove an entry
+# once its cycle is gone. Nothing new belongs here: break a new cycle instead.
+KNOWN_CYCLE_EDGES = {
+    # pack() hands a URL destination to upload.pack_to_url, which packs through pipeline.pack
+    ("packload.packer.pipeline", "packload.packer.upload"),
+    # the plot names TuneResult for type checkers; tune imports the plot to draw it
+    ("packload.diagnose.tune_plot", "packload.diagnose.tune"),
+    # the memory guard names tune_search.Trial for type checkers; the search imports the guard
+    ("packload.diagnose.loader_memory", "packload.diagnose.tune_search"),
+}
+
+Graph = dict[str, dict[str, str]]  # module -> {a module it imports: "path:line" of its first import}
+
+
+def import_graph(found: list[tuple[str, Path]], root: Path = ROOT) -> Graph:
+    """Which of packload's modules each module imports, and where.
+
+    Every import statement counts, at any depth: a function-level import runs when the function
+    does, and one under ``if TYPE_CHECKING`` is followed by type checkers and editors; a cycle
+    hidden in a function body is still two modules that each need the other, the knot the floors
+    exist to prevent. ``from package import name`` goes to the submodule when ``name`` is one, else
+    to the package. The parent packages Python imports first (``packload/__init__.py`` gathers the
+    public names, lazily) are not edges: every module would close a cycle through them.
+    """
+    names = {name for name, _ in found}
+    graph: Graph = {name: {} for name in names}
+    for module, path in found:
+        for line, target, name in imports(path):
+            there = f"{target}.{name}" if name and f"{target}.{name}" in names else target
+            while there not in names and "." in there:  # a compiled module: its package
+                there = there.rpartition(".")[0]
+            if there in names and there != module:
+                graph[module].setdefault(there, f"{path.relative_to(root)}:{line}")
+    return graph
+
+
+def find_cycles(graph: Graph) -> list[list[str]]:
+    """A cycle (its modules in import order, the first repeated last) in each group of modules of
+    ``graph`` that import each other, directly or not; empty when there is none."""
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[set[str]] = []
+    for start in sorted(graph):  # Tarjan's strongly connected components, without recursion
+        if start in order:
+            continue
+        order[start] = low[start] = len(order)
+        stack.append(start)
+        work = [(start, iter(sorted(graph[start])))]
+        while work:
+            node, targets = work[-1]
+            for target in targets:
+                if target not in order:
+                    order[target] = low[target] = len(order)
+                    stack.append(target)
+                    work.append((target, iter(sorted(graph[target]))))
+                    break
+                if target in stack:
+                    low[node] = min(low[node], order[target])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == order[node]:
+                    group = {stack.pop()}
+                    while node not in group:
+                        group.add(stack.pop())
+                    if len(group) > 1:
+                        groups.append(group)
+    return sorted(_cycle_within(graph, group) for group in groups)
+
+
+def _cycle_within(graph: Graph, group: set[str]) -> list[str]:
+    """A shortest cycle through the first (by name) module of ``group``, whose modules all reach
+    each other."""
+    start = min(group)
+    paths = {start: [start]}
+    queue = [start]
+    while queue:
+        node = queue.pop(0)
+        for target in sorted(graph[node]):
+            if target == start:
+                return paths[node] + [start]
+            if target in group and target not in paths:
+                paths[target] = paths[node] + [target]
+                queue.append(target)
+    raise AssertionError(f"no cycle through {start} in {sorted(group)}")
+
+
+def describe(graph: Graph, cycle: list[str]) -> str:
+    """``a (path:line) -> b (path:line) -> a``: each module with the line that imports the next."""
+    return " -> ".join(f"{a} ({graph[a][b]})" for a, b in pairwise(cycle)) + f" -> {cycle[-1]}"
+
+
+def test_no_import_cycles() -> None:
+    graph = import_graph(modules())
+    for module, target in KNOWN_CYCLE_EDGES:
+        graph[module].pop(target, None)
+    cycles = find_cycles(graph)
+    assert not cycles, "import cycles:\n" + "\n".join(describe(graph, cycle) for cycle in cycles)
+
+
+def test_the_cycle_check_names_a_cycle(tmp_path: Path) -> None:
+    """The check itself, on modules written here: a cycle through a function-level import and one
+    through a TYPE_CHECKING import are both found and named with their lines; a compiled module is
+    its package, and a chain with no way back is no cycle."""
+    sources = {
+        "packload.core.a": "from packload.core.b import x\n",
+        "packload.core.b": "def f():\n    import packload.core.c\n",
+        "packload.core.c": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from packload.core import a\n",
+        "packload.core.d": "from packload.core.a import y\nfrom packload.core import _compiled\n",
+        "packload.core.e": "from packload.core.f import z\n",
+        "packload.core.f": "import packload.core.e\n",
+        "packload.core": "",
+    }
+    found = []
+    for name, text in sources.items():
+        (tmp_path / f"{name}.py").write_text(text)
+        found.append((name, tmp_path / f"{name}.py"))
+    graph = import_graph(found, root=tmp_path)
+    assert graph["packload.core.d"] == {"packload.core.a": "packload.core.d.py:1", "packload.core": "packload.core.d.py:2"}
+    cycles = find_cycles(graph)
+    assert cycles == [["packload.core.a", "packload.core.b", "packload.core.c", "packload.core.a"],
+                      ["packload.core.e", "packload.core.f", "packload.core.e"]]
+    assert describe(graph, cycles[0]) == ("packload.core.a (packload.core.a.py:1) -> packload.core.b "
+                                          "(packload.core.b.py:2) -> packload.core.c (packload.core.c.py:3) "
+                                          "-> packload.core.a")
+    del graph["packload.core.c"]["packload.core.a"]
+    assert find_cycles(graph) == [["packload.core.e", "packload.core.f", "packload.core.e"]]
