@@ -76,17 +76,34 @@ def scaled_from(height: int, width: int, stored_height: int, stored_width: int) 
     return any(height == -(-stored_height * n // 8) and width == -(-stored_width * n // 8) for n in range(1, 9))
 
 
-def scaled_sizes(heights: np.ndarray, widths: np.ndarray, min_heights: np.ndarray,
-                 min_widths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The (heights, widths) simplejpeg decodes images of these sizes at, asked for at least
-    ``min_heights`` × ``min_widths`` (0 and 0: full size): the smallest of libjpeg-turbo's scales
-    n/8 (sides rounded up) that gives both, else full size."""
+def dct_scales(heights: np.ndarray, widths: np.ndarray, min_heights: np.ndarray,
+               min_widths: np.ndarray) -> np.ndarray:
+    """The numerators n of the scales n/8 simplejpeg decodes images of these sizes at, asked for at
+    least ``min_heights`` × ``min_widths`` (0 and 0: full size, n = 8). simplejpeg takes the size of
+    the smallest n whose sides (rounded up) give both, and TurboJPEG then decodes at the largest n
+    that gives that size. Tiny images reach one size at several scales, with other pixels at each:
+    the scale, not the size, says how an image was decoded."""
     heights, widths = np.asarray(heights, dtype=np.int64), np.asarray(widths, dtype=np.int64)
     min_h = np.minimum(heights, np.asarray(min_heights, dtype=np.int64))
     min_w = np.minimum(widths, np.asarray(min_widths, dtype=np.int64))
     # ceil(side * n / 8) >= m  <=>  n >= 8 * (m - 1) // side + 1 (any n when m <= 0)
     need = np.maximum(8 * (np.maximum(min_h, 1) - 1) // heights, 8 * (np.maximum(min_w, 1) - 1) // widths) + 1
-    n = np.where((min_h > 0) | (min_w > 0), np.minimum(need, 8), 8)
+    smallest = np.where((min_h > 0) | (min_w > 0), np.minimum(need, 8), 8)
+    size_h, size_w = -(-heights * smallest // 8), -(-widths * smallest // 8)
+    largest = smallest.copy()
+    for n in range(8, 0, -1):  # the largest n of the same size: sizes grow with n
+        same = (n > smallest) & (largest == smallest) & (-(-heights * n // 8) == size_h) & \
+            (-(-widths * n // 8) == size_w)
+        largest = np.where(same, n, largest)
+    return largest
+
+
+def scaled_sizes(heights: np.ndarray, widths: np.ndarray, min_heights: np.ndarray,
+                 min_widths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The (heights, widths) simplejpeg decodes images of these sizes at, asked for at least
+    ``min_heights`` × ``min_widths`` (0 and 0: full size): those of ``dct_scales``."""
+    heights, widths = np.asarray(heights, dtype=np.int64), np.asarray(widths, dtype=np.int64)
+    n = dct_scales(heights, widths, min_heights, min_widths)
     return -(-heights * n // 8), -(-widths * n // 8)
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from packload.core import jpeg_kernel, resize_kernel
-from packload.loaders.decode import scaled_sizes
+from packload.loaders.decode import dct_scales
 from packload.loaders.prefetch import distinct
 from packload.loaders.read import PackReader
 
@@ -65,7 +65,8 @@ def fill_jpegs(reader: PackReader, records: np.ndarray, rows: np.ndarray, min_si
     heights, widths = entries["height"][records].astype(np.int64), entries["width"][records].astype(np.int64)
     raw = np.zeros(count, dtype=bool) if raw is None else np.asarray(raw, dtype=bool)
     min_h, min_w = (np.where(raw, 0, sizes) for sizes in min_sizes)
-    got_h, got_w = scaled_sizes(heights, widths, min_h, min_w)
+    scales = np.where(raw, 8, dct_scales(heights, widths, min_h, min_w))
+    got_h, got_w = -(-heights * scales // 8), -(-widths * scales // 8)
     boxes = np.asarray(boxes_of(got_h, got_w), dtype=np.int64).reshape(-1, 4)
     box_h, box_w = boxes[:, 2], boxes[:, 3]
     take = resize_kernel.regions_applicable(box_h, box_w, size, size) | ((box_h == size) & (box_w == size))
@@ -74,7 +75,7 @@ def fill_jpegs(reader: PackReader, records: np.ndarray, rows: np.ndarray, min_si
     picked = np.flatnonzero(take)
     keep: list[bytes] = []  # a URL pack's payloads, alive until decode_boxes returns
     addresses, lengths = payload_addresses(reader, records[picked], keep)
-    geometry = np.stack([heights[picked], widths[picked], got_h[picked], got_w[picked], boxes[picked, 0],
+    geometry = np.stack([heights[picked], widths[picked], scales[picked], got_h[picked], got_w[picked], boxes[picked, 0],
                          boxes[picked, 1], box_h[picked], box_w[picked]], axis=1)
     dests = np.uint64(out.data_ptr()) + rows[picked].astype(np.uint64) * np.uint64(out.stride(0))
     done[picked] = jpeg_kernel.decode_boxes(addresses, lengths, geometry, mirror[picked], dests, out.stride(2), size,

@@ -209,14 +209,21 @@ def test_batch_decoder_reported(monkeypatch):
 
     monkeypatch.setattr(jpeg_kernel, "available", lambda: False)
     monkeypatch.setattr(jpeg_kernel, "unavailable_reason", lambda: "the compiled batch decoder was not built (it "
-                        "needs libjpeg-turbo's TurboJPEG headers)")
+                        "needs a C compiler when packload is installed)")
     check_ = by_name(software.software_checks())["batch_decoder"]
-    assert check_["status"] == "info" and "not built" in check_["message"] and "libturbojpeg0-dev" in check_["fix"]
+    assert check_["status"] == "info" and "not built" in check_["message"] and "C compiler" in check_["fix"]
+    monkeypatch.setattr(jpeg_kernel, "unavailable_reason", lambda: "no usable libjpeg-turbo was found: "
+                        "libjpeg.so.8 from the system is not the libjpeg 6.2 ABI this build expects")
+    check_ = by_name(software.software_checks())["batch_decoder"]
+    assert "libjpeg.so.8" in check_["message"] and "one at a time" in check_["message"]
+    assert "pillow" in check_["fix"] and "libjpeg62-turbo" in check_["fix"]
     monkeypatch.setattr(jpeg_kernel, "unavailable_reason", lambda: "disabled by jpeg_kernel.set_enabled(False)")
     check_ = by_name(software.software_checks())["batch_decoder"]
     assert "disabled" in check_["message"] and not check_["fix"]
     monkeypatch.setattr(jpeg_kernel, "available", lambda: True)
-    assert by_name(software.software_checks())["batch_decoder"]["status"] == "ok"
+    monkeypatch.setattr(jpeg_kernel, "description", lambda: "libjpeg-turbo libjpeg-x.so.62 from Pillow's wheel")
+    check_ = by_name(software.software_checks())["batch_decoder"]
+    assert check_["status"] == "ok" and "from Pillow's wheel" in check_["message"]
 
 
 def test_no_measure_with_a_dataset_does_not_ask_for_one(datasets):

@@ -13,6 +13,7 @@ import pytest
 from PIL import Image
 
 from packload.core import jpeg_kernel, resize_kernel
+from packload.loaders.decode import dct_scales
 from tests.image_factory import textured_rgb
 
 simplejpeg = pytest.importorskip("simplejpeg", reason="simplejpeg (the dev extra) gives the reference pixels")
@@ -61,18 +62,20 @@ def _run(payloads: list[bytes], geometry: list[list[int]], mirror: list[bool],
 
 @needs_decoder
 def test_slots_get_the_one_by_one_routes_pixels() -> None:
-    cases = [  # (jpeg, min decode size, decode size, box in the decoded image, mirror)
-        (_jpeg(64, 48, 1), (0, 0), (48, 64), (3, 5, 40, 50), False),
-        (_jpeg(61, 47, 2, subsampling=1), (0, 0), (47, 61), (0, 0, 47, 61), True),
-        (_jpeg(300, 220, 3), (83, 113), (83, 113), (5, 20, 60, 45), False),  # at 3/8 scale
-        (_jpeg(200, 150, 4, progressive=True), (75, 100), (75, 100), (10, 10, OUT, OUT), True),  # copied
-        (_jpeg(90, 70, 5, mode="L"), (0, 0), (70, 90), (2, 3, 50, 64), False),
-        (_jpeg(97, 131, 6, restart_marker_blocks=2, subsampling=0), (0, 0), (131, 97), (50, 1, 20, 9), True),
+    cases = [  # (jpeg, min decode size, scale n/8 and decode size, box in the decoded image, mirror)
+        (_jpeg(64, 48, 1), (0, 0), (8, 48, 64), (3, 5, 40, 50), False),
+        (_jpeg(61, 47, 2, subsampling=1), (0, 0), (8, 47, 61), (0, 0, 47, 61), True),
+        (_jpeg(300, 220, 3), (83, 113), (3, 83, 113), (5, 20, 60, 45), False),  # at 3/8 scale
+        (_jpeg(200, 150, 4, progressive=True), (75, 100), (4, 75, 100), (10, 10, OUT, OUT), True),  # copied
+        (_jpeg(90, 70, 5, mode="L"), (0, 0), (8, 70, 90), (2, 3, 50, 64), False),
+        (_jpeg(97, 131, 6, restart_marker_blocks=2, subsampling=0), (0, 0), (8, 131, 97), (50, 1, 20, 9), True),
+        (_jpeg(7, 5, 8), (5, 7), (8, 5, 7), (1, 1, 4, 6), True),  # 7/8 gives this size too, with other pixels
     ]
     for fast_idct in (False, True):
         geometry = []
-        for data, _, decoded, box, _ in cases:
+        for data, min_size, decoded, box, _ in cases:
             height, width = simplejpeg.decode_jpeg_header(data)[:2]
+            assert dct_scales(height, width, *min_size) == decoded[0], "the scale simplejpeg decodes at"
             geometry.append([height, width, *decoded, *box])
         done, batch = _run([c[0] for c in cases], geometry, [c[4] for c in cases], fast_idct)
         assert done.tolist() == [True] * len(cases)
@@ -90,8 +93,8 @@ def test_what_it_must_not_take_is_left_untouched() -> None:
     start = data.index(b"\xff\xda") + 30
     data[start : start + 20 : 2] = b"\xff" * 10  # damaged entropy-coded data: libjpeg-turbo warns
     payloads = [b"\x89PNG\r\n\x1a\n" + good[8:], good, cmyk, bytes(data), good, good[:2]]
-    geometry = [[30, 40, 30, 40, 0, 0, 30, 40]] * len(payloads)
-    geometry[1] = [31, 40, 31, 40, 0, 0, 30, 40]  # the index says another size
+    geometry = [[30, 40, 8, 30, 40, 0, 0, 30, 40]] * len(payloads)
+    geometry[1] = [31, 40, 8, 31, 40, 0, 0, 30, 40]  # the index says another size
     done, batch = _run(payloads, geometry, [False] * len(payloads))
     assert done.tolist() == [False, False, False, False, True, False]
     untouched = np.ones(len(payloads), dtype=bool)
@@ -106,7 +109,7 @@ def test_switched_off_it_does_nothing_and_says_why() -> None:
     try:
         assert not jpeg_kernel.available()
         assert "set_enabled(False)" in (jpeg_kernel.unavailable_reason() or "")
-        done, batch = _run([good], [[30, 40, 30, 40, 0, 0, 30, 40]], [False])
+        done, batch = _run([good], [[30, 40, 8, 30, 40, 0, 0, 30, 40]], [False])
         assert not done.any() and (batch == 7).all()
     finally:
         jpeg_kernel.set_enabled(True)
@@ -118,7 +121,7 @@ def test_without_the_resize_kernel_nothing_is_decoded() -> None:
     try:
         assert not jpeg_kernel.available()
         assert jpeg_kernel.unavailable_reason()
-        done, batch = _run([_jpeg(40, 30, 10)], [[30, 40, 30, 40, 0, 0, 30, 40]], [False])
+        done, batch = _run([_jpeg(40, 30, 10)], [[30, 40, 8, 30, 40, 0, 0, 30, 40]], [False])
         assert not done.any() and (batch == 7).all()
     finally:
         resize_kernel.set_enabled(True)
@@ -126,7 +129,7 @@ def test_without_the_resize_kernel_nothing_is_decoded() -> None:
 
 def test_an_empty_batch_is_nothing_to_do() -> None:
     empty = np.zeros(0, dtype=np.uint64)
-    done = jpeg_kernel.decode_boxes(empty, empty, np.zeros((0, 8), np.int32), np.zeros(0, bool), empty, 96, OUT,
+    done = jpeg_kernel.decode_boxes(empty, empty, np.zeros((0, jpeg_kernel.GEOMETRY_FIELDS), np.int32), np.zeros(0, bool), empty, 96, OUT,
                                     False)
     assert done.shape == (0,)
 
@@ -144,7 +147,7 @@ def test_raw_records_are_resized_where_they_lie() -> None:
     batch = np.full((2, OUT, OUT, 3), 7, dtype=np.uint8)
     done = jpeg_kernel.decode_boxes(np.array([a.ctypes.data for a in arrays], dtype=np.uint64),
                                     np.array([a.nbytes for a in arrays], dtype=np.uint64),
-                                    np.array([[40, 50, 40, 50, *box]] * 2, dtype=np.int32), np.array([True, False]),
+                                    np.array([[40, 50, 8, 40, 50, *box]] * 2, dtype=np.int32), np.array([True, False]),
                                     np.array([batch[0].ctypes.data, batch[1].ctypes.data], dtype=np.uint64),
                                     batch.strides[1], OUT, False, raw=np.array([True, True]))
     assert done.tolist() == [True, False]

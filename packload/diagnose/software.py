@@ -10,8 +10,10 @@ from packload.core import jpeg_kernel, resize_kernel
 from packload.diagnose.checks import Check, check
 
 FAST_EXTRA = "pip install simplejpeg (a dependency of packload that is missing here)"
-BATCH_DECODER_FIX = ("install libjpeg-turbo's TurboJPEG headers (Debian/Ubuntu: apt-get install libturbojpeg0-dev), "
-                     "then reinstall packload: pip install -e .")
+BATCH_DECODER_BUILD_FIX = "install a C compiler (gcc), then reinstall packload: pip install -e ."
+BATCH_DECODER_LIBRARY_FIX = ("install Pillow from its wheel (pip install --force-reinstall pillow), which carries "
+                             "libjpeg-turbo, or the system's libjpeg-turbo (Debian/Ubuntu: apt-get install "
+                             "libjpeg62-turbo)")
 
 
 def fast_decoder_installed() -> bool:
@@ -44,12 +46,18 @@ def software_checks() -> list[Check]:
 
 
 def batch_decoder_check() -> Check:
-    """The compiled batch decoder: in use, or why not (and how to build it where it was not)."""
+    """The compiled batch decoder: in use and on which libjpeg-turbo, or why not (and what to do)."""
     if jpeg_kernel.available():
-        return check("batch_decoder", "ok", "compiled batch decoder built and in use: PackLoader decodes a batch's "
-                     "JPEGs in one call, giving the GIL up once per batch")
+        return check("batch_decoder", "ok", "compiled batch decoder in use, on "
+                     f"{jpeg_kernel.description()}: PackLoader decodes only each crop's region, a whole batch in "
+                     "one call")
     reason = jpeg_kernel.unavailable_reason() or "unknown"
-    if "not built" in reason or "cannot load" in reason:
-        return check("batch_decoder", "info", f"compiled batch decoder not in use: {reason}; PackLoader decodes JPEGs "
-                     "one at a time (the same pixels; slower while a training loop holds the GIL)", BATCH_DECODER_FIX)
+    fallback = "; PackLoader decodes JPEGs one at a time (the same pixels; slower, most of all while a training " \
+               "loop holds the GIL)"
+    if "not built" in reason:
+        return check("batch_decoder", "info", f"compiled batch decoder not in use: {reason}{fallback}",
+                     BATCH_DECODER_BUILD_FIX)
+    if "libjpeg-turbo" in reason:
+        return check("batch_decoder", "info", f"compiled batch decoder not in use: {reason}{fallback}",
+                     BATCH_DECODER_LIBRARY_FIX)
     return check("batch_decoder", "info", f"compiled batch decoder not in use: {reason}")
