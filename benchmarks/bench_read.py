@@ -420,7 +420,7 @@ def slow_storage(p: Prepared, work: Path, name: str, latency_ms: float, mbps: fl
     with fs:
         if log:
             log(f"read: {name} behind slowfs at {mnt} ({latency_ms} ms per request"
-                + (f", {mbps} MB/s" if mbps else "") + f", {fs.describe()['server']} server)")
+                + (f", {mbps} MB/s" if mbps else "") + ")")
         yield Prepared(mnt / "images", p.kind, {k: mnt / v.name for k, v in p.packs.items()}, peers), fs
 
 
@@ -508,7 +508,7 @@ def run(datasets: dict[str, tuple[Path, str]], work: Path, *, peers: bool = True
                                                   None if slow else limits, log, cold_setup, modes, only)
             if fs is not None:
                 out["datasets"][name]["slowfs_stats_last_run"] = fs.stats().to_json()
-                out["datasets"][name]["slowfs"] = fs.describe()  # which server (compiled or Python) served
+                out["datasets"][name]["slowfs"] = fs.describe()  # its settings
     return out
 
 

@@ -6,7 +6,7 @@
 Full scale reads DATA/imagenet (20,000 JPEGs) and DATA/cifar (50,000 PNGs); ``--quick`` uses
 2,000 JPEGs and 10,000 PNGs. Missing datasets are generated (``packload.packer.synthetic``, seeded). Parts
 run separately (``--only``) are merged into the results already in ``--out``. ``--storage slow:2``
-reads through an emulated slow disk (``benchmarks/slowfs.py``; root or fusermount, libfuse2, fusepy).
+reads through an emulated slow disk (``benchmarks/slowfs.py``; root or fusermount, a C compiler, libfuse-dev).
 """
 
 from __future__ import annotations

@@ -1,13 +1,12 @@
 """The requests the pack reader sends to slow storage, counted by slowfs, for several block sizes.
 
-    python benchmarks/slow_requests.py FOLDER [--latency-ms 2] [--mbps 200] [--block-sizes 0,16,64,256] [--server c]
+    python benchmarks/slow_requests.py FOLDER [--latency-ms 2] [--mbps 200] [--block-sizes 0,16,64,256]
 
 mounts FOLDER (holding ``*.lmdb`` and ``*.shards`` packs) with ``benchmarks/slowfs.py``, and for
 each pack and block size reads every record once, undecoded, in batches of ``--batch-size`` in one
 process with a cold cache (remounted before each read). Block size 0 is the sequential order
 (``shuffle=False``); one untimed read first takes the one-time start-up costs. Prints records/s, MB/s, the number of read requests, their mean size and the
-peak in flight; ``--json`` for the rows. ``--server`` picks slowfs's server (``auto``: the compiled one
-when it builds).
+peak in flight; ``--json`` for the rows.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.slowfs import SERVERS, SlowFS, unavailable  # noqa: E402
+from benchmarks.slowfs import SlowFS, unavailable  # noqa: E402
 from packload import PackedImageFolder  # noqa: E402
 
 
@@ -57,21 +56,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--block-sizes", default="0,16,64,256", help="0 = sequential (shuffle=False)")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--json", action="store_true")
-    p.add_argument("--server", choices=SERVERS, default=None, help="slowfs server (default auto: c when it builds)")
     args = p.parse_args(argv)
     packs = sorted([*args.folder.glob("*.lmdb"), *args.folder.glob("*.shards")])
     if not packs:
         print(f"slow_requests: {args.folder}: no *.lmdb or *.shards pack there; give the folder that holds them",
               file=sys.stderr)
         return 2
-    if unavailable(args.server):
-        print(f"slow_requests: cannot mount a slowfs here: {unavailable(args.server)}", file=sys.stderr)
+    if unavailable():
+        print(f"slow_requests: cannot mount a slowfs here: {unavailable()}", file=sys.stderr)
         return 2
     rows = []
     with tempfile.TemporaryDirectory(prefix="slowfs-mnt-") as tmp, \
-            SlowFS(args.folder, Path(tmp) / "mnt", latency_ms=args.latency_ms, mbps=args.mbps, server=args.server) as fs:
-        if not args.json:
-            print(f"slowfs server: {fs.describe()['server']}", flush=True)
+            SlowFS(args.folder, Path(tmp) / "mnt", latency_ms=args.latency_ms, mbps=args.mbps) as fs:
         read_pack(fs, Path(tmp) / "mnt" / packs[0].name, 0, args.batch_size)  # untimed: one-time start-up costs
         for pack in packs:
             for block in (int(b) for b in args.block_sizes.split(",")):

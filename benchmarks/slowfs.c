@@ -1,9 +1,9 @@
-/* The compiled server of benchmarks/slowfs.py: a read-only passthrough FUSE filesystem that holds
- * every open and read request for a fixed latency, with the Python server's exact semantics.
+/* The server of benchmarks/slowfs.py, the emulated slow disk: a read-only passthrough FUSE filesystem
+ * that holds every open and read request for a fixed latency.
  *
  *     slowfs SRC MOUNTPOINT [--latency-ms 2] [--mbps MB/S] [--meta-latency-ms 0] [--stats-file FILE]
  *
- * Built and started by benchmarks/slowfs.py (``--server c``, the default when it builds):
+ * Built (on first use, outside the repository) and started by benchmarks/slowfs.py:
  *
  *     cc -O2 -o slowfs slowfs.c $(pkg-config fuse --cflags --libs)
  *
@@ -11,10 +11,10 @@
  * with a sleep, so concurrent requests overlap as on a network disk (latency adds per request, not
  * per byte). ``--mbps`` caps all reads together (MB/s, 10**6 bytes): the link carries one read at a
  * time at that rate. ``--meta-latency-ms`` delays getattr (which also serves lookups) and readdir.
- * Symlinks under SRC are shown as what they point to. The mount options are those the Python server
- * passes (ro, auto_cache, allow_other when root, libfuse's default 1 s attribute and entry timeouts,
- * reads cut by the kernel into requests of at most 128 KiB), so the kernel sends the same requests;
- * only the cost of serving them changes.
+ * Symlinks under SRC are shown as what they point to. Mount options: ro, auto_cache, allow_other when
+ * root, libfuse's default 1 s attribute and entry timeouts; the kernel cuts reads into requests of at
+ * most 128 KiB. No Python in the data path: the CPU it takes per request, on the cores the reader
+ * under test uses too, stays small.
  *
  * The counters are served as JSON, in the shape of ``Stats.to_json`` in slowfs.py, from the hidden
  * file MOUNTPOINT/.slowfs-stats (not listed, not counted, never delayed, never cached) and written to
@@ -169,7 +169,7 @@ static int sf_getattr(const char *path, struct stat *out) {
         return -ENAMETOOLONG;
     if (stat(real, &st) < 0) /* symlinks followed: shown as what they point to */
         return -errno;
-    /* The fields the Python server returns, nothing more (no inode, device or block size). */
+    /* These fields only (no inode, device or block size). */
     out->st_mode = st.st_mode & ~0222; /* read-only */
     out->st_nlink = st.st_nlink;
     out->st_size = st.st_size;

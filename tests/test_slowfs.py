@@ -1,6 +1,6 @@
-"""benchmarks/slowfs.py: the emulated slow disk adds the latency it claims and returns identical bytes,
-with either server (the compiled ``slowfs.c`` and the Python one on fusepy); and, through its counters,
-the reader issues few large requests when it reads a pack in batches."""
+"""benchmarks/slowfs.py: the emulated slow disk (its server ``slowfs.c``, built on first use) adds the
+latency it claims and returns identical bytes; and, through its counters, the reader issues few large
+requests when it reads a pack in batches."""
 
 from __future__ import annotations
 
@@ -23,23 +23,6 @@ from packload.diagnose.page_cache import drop
 ROOT = Path(__file__).resolve().parent.parent
 REASON = slowfs.unavailable()
 needs_fuse = pytest.mark.skipif(REASON is not None, reason=f"slowfs cannot mount here: {REASON}")
-SERVER_REASONS = {s: slowfs.unavailable(s) for s in ("c", "python")}
-
-
-@pytest.fixture(params=["c", "python"])
-def server(request: pytest.FixtureRequest) -> str:
-    """Each behaviour test runs against both servers; one that cannot run here is skipped, saying why."""
-    reason = SERVER_REASONS[request.param]
-    if reason is not None:
-        pytest.skip(f"the {request.param} slowfs server cannot run here: {reason}")
-    return request.param
-
-
-def _mounted(src: Path, mnt: Path, server: str | None = None, **kw: float) -> slowfs.SlowFS:
-    fs = slowfs.SlowFS(src, mnt, server=server, **kw)
-    if server is not None:
-        assert fs.describe()["server"] == server
-    return fs
 
 
 def _evict(root: Path) -> None:
@@ -62,9 +45,9 @@ def files(tmp_path: Path) -> Path:
 
 
 @needs_fuse
-def test_adds_latency_and_returns_identical_bytes(files: Path, tmp_path: Path, server: str) -> None:
+def test_adds_latency_and_returns_identical_bytes(files: Path, tmp_path: Path) -> None:
     mnt = tmp_path / "mnt"
-    with _mounted(files, mnt, server, latency_ms=30) as fs:
+    with slowfs.SlowFS(files, mnt, latency_ms=30) as fs:
         before = fs.stats()
         for i in range(6):
             start = time.perf_counter()
@@ -87,13 +70,13 @@ def test_adds_latency_and_returns_identical_bytes(files: Path, tmp_path: Path, s
 
 
 @needs_fuse
-def test_bandwidth_cap_and_concurrent_requests_overlap(files: Path, tmp_path: Path, server: str) -> None:
+def test_bandwidth_cap_and_concurrent_requests_overlap(files: Path, tmp_path: Path) -> None:
     mnt = tmp_path / "mnt"
-    with _mounted(files, mnt, server, latency_ms=0, mbps=30) as fs:
+    with slowfs.SlowFS(files, mnt, latency_ms=0, mbps=30) as fs:
         start = time.perf_counter()
         assert (mnt / "big.bin").read_bytes() == (files / "big.bin").read_bytes()
         assert time.perf_counter() - start >= (3 << 20) / 30e6 * 0.95  # 3 MiB at 30 MB/s
-    with _mounted(files, mnt, server, latency_ms=100) as fs:
+    with slowfs.SlowFS(files, mnt, latency_ms=100) as fs:
         threads = [threading.Thread(target=(mnt / f"small{i}.bin").read_bytes) for i in range(6)]
         start = time.perf_counter()
         for t in threads:
@@ -106,23 +89,23 @@ def test_bandwidth_cap_and_concurrent_requests_overlap(files: Path, tmp_path: Pa
 
 
 @needs_fuse
-def test_unmounts_when_the_block_raises(files: Path, tmp_path: Path, server: str) -> None:
+def test_unmounts_when_the_block_raises(files: Path, tmp_path: Path) -> None:
     mnt = tmp_path / "mnt"
-    with pytest.raises(ZeroDivisionError), _mounted(files, mnt, server, latency_ms=1):
+    with pytest.raises(ZeroDivisionError), slowfs.SlowFS(files, mnt, latency_ms=1):
         assert mnt.is_mount()
         1 / 0  # noqa: B018
     assert not mnt.is_mount()
 
 
 @needs_fuse
-def test_links_meta_latency_and_counters_file(files: Path, tmp_path: Path, server: str) -> None:
+def test_links_meta_latency_and_counters_file(files: Path, tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "o.bin").write_bytes(b"far")
     (files / "far").symlink_to(outside, target_is_directory=True)
     (files / "far.bin").symlink_to(outside / "o.bin")
     mnt = tmp_path / "mnt"
-    with _mounted(files, mnt, server, latency_ms=0, meta_latency_ms=30) as fs:
+    with slowfs.SlowFS(files, mnt, latency_ms=0, meta_latency_ms=30) as fs:
         before = fs.stats()
         start = time.perf_counter()
         assert (mnt / "far").is_dir() and not (mnt / "far").is_symlink()  # links shown as what they point to
@@ -138,15 +121,15 @@ def test_links_meta_latency_and_counters_file(files: Path, tmp_path: Path, serve
         assert d.readdirs >= 1 and d.getattrs >= 3  # a lookup each of far, far/o.bin and far.bin
         assert d.delay_s >= 0.030 * (d.getattrs + d.readdirs) * 0.99
         live = json.loads((mnt / ".slowfs-stats").read_bytes())
-    assert list(live) == list(slowfs.Stats().to_json())  # the same JSON shape from either server
+    assert list(live) == list(slowfs.Stats().to_json())  # the server writes the shape Stats reads
     assert fs.final_stats is not None and fs.final_stats.opens == live["opens"]
-    assert fs.describe()["server"] == server and "server_note" not in fs.describe()
 
 
 def test_compiled_server_builds_outside_the_repo_once_per_source(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    if SERVER_REASONS["c"] is not None and "does not build" not in SERVER_REASONS["c"]:
-        pytest.skip(f"the compiled slowfs server cannot be built here: {SERVER_REASONS['c']}")
+    reason = slowfs.c_server()[1]
+    if reason is not None and "does not build" not in reason:
+        pytest.skip(f"the slowfs server cannot be built here: {reason}")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     source = tmp_path / "slowfs.c"
     source.write_bytes(slowfs.C_SOURCE.read_bytes())
@@ -171,25 +154,21 @@ def test_compiled_server_builds_outside_the_repo_once_per_source(tmp_path: Path,
         slowfs.c_server.cache_clear()
 
 
-def test_auto_falls_back_to_python_and_says_why(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_without_the_server_a_mount_says_why(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(slowfs, "c_server", lambda: (None, "no compiler here"))
-    fs = slowfs.SlowFS(tmp_path, tmp_path / "mnt")
-    assert fs.describe()["server"] == "python"
-    assert "no compiler here" in fs.describe()["server_note"]
-    with pytest.raises(RuntimeError, match="no compiler here"):
-        slowfs.SlowFS(tmp_path, tmp_path / "mnt", server="c").mount()
-    with pytest.raises(ValueError, match="server"):
-        slowfs.SlowFS(tmp_path, tmp_path / "mnt", server="rust")
-    monkeypatch.setenv("SLOWFS_SERVER", "python")
-    assert slowfs.SlowFS(tmp_path, tmp_path / "mnt").describe()["server"] == "python"
+    if REASON is None:  # everything else is there: the server is what is missing
+        assert slowfs.unavailable() == "no compiler here"
+    with pytest.raises(RuntimeError, match="cannot mount a slowfs"):
+        slowfs.SlowFS(tmp_path, tmp_path / "mnt").mount()
+    assert not (tmp_path / "mnt").exists()  # refused before anything was made
 
 
 @needs_fuse
-def test_command_line_serves_with_either_server(files: Path, tmp_path: Path, server: str) -> None:
+def test_command_line_serves(files: Path, tmp_path: Path) -> None:
     mnt, stats = tmp_path / "mnt", tmp_path / "stats.json"
     mnt.mkdir()
     proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "slowfs.py"), str(files), str(mnt),
-                             "--latency-ms", "1", "--server", server, "--stats-file", str(stats)],
+                             "--latency-ms", "1", "--stats-file", str(stats)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + slowfs.MOUNT_TIMEOUT_S
@@ -232,9 +211,9 @@ def packs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @needs_fuse
 @pytest.mark.parametrize("name", ["p.shards", "p.lmdb"])
 @pytest.mark.parametrize("shuffle", [False, True])
-def test_reader_issues_few_large_requests(packs: Path, tmp_path: Path, name: str, shuffle: bool, server: str) -> None:
+def test_reader_issues_few_large_requests(packs: Path, tmp_path: Path, name: str, shuffle: bool) -> None:
     mnt = tmp_path / "mnt"
-    with _mounted(packs, mnt, server, latency_ms=2) as fs:
+    with slowfs.SlowFS(packs, mnt, latency_ms=2) as fs:
         _evict(mnt / name)
         before = fs.stats()
         ds = PackedImageFolder(mnt / name, output="bytes")
@@ -266,7 +245,7 @@ def test_announcement_reads_ahead_in_the_background_on_fuse(packs: Path, tmp_pat
     from packload.loaders.read import PackReader
 
     mnt = tmp_path / "mnt"
-    with _mounted(packs, mnt, latency_ms=2) as fs:
+    with slowfs.SlowFS(packs, mnt, latency_ms=2) as fs:
         _evict(mnt / name)
         ds = PackedImageFolder(mnt / name, output="bytes")
         window = np.arange(1000, 2024)
