@@ -3,7 +3,7 @@ pipeline and the drop-in DataLoader path, on the same images, side by side in on
 
     .venv-peers/bin/python benchmarks/bench_train_crop_ffcv.py [--data bench-data/imagenet]
         [--out bench-results/train-crop] [--limit N] [--rounds 3] [--epochs 1] [--cases jpeg,raw]
-        [--loaders packloader,ffcv,dropin-pil] [--reuse]
+        [--loaders packloader,ffcv,dropin-pil] [--crop random|center] [--reuse]
 
 Writes (each in a forked process, 2 workers; timed once, for the record, not the point here):
 
@@ -23,6 +23,11 @@ Contenders (batch 256, 2 threads/workers, random order, every record each epoch,
   num_workers=2, persistent_workers=True, collate_fn=collate_uint8)``: torchvision's
   ``RandomResizedCrop`` + ``RandomHorizontalFlip`` algorithm on PIL images
   (``benchmarks/bench_random_crop.py``).
+
+``--crop center`` measures the validation crop instead, on the same packs: ``PackLoader(ds, 256,
+crop=CenterCrop(224))`` against FFCV's ``CenterCropRGBImageDecoder((224, 224), ratio=224/256)`` (+
+``ToTensor(), ToTorchImage()``) and the drop-in path with torchvision's ``Resize(256) +
+CenterCrop(224)`` on PIL images (``ResizeCenterCrop(224)``); no flips.
 
 Every contender runs in a fresh forked process per round (as ``bench_crown.py`` does): it is built,
 reads one warm-up epoch (FFCV's numba compiles its pipeline there, DataLoader workers start), then
@@ -58,14 +63,28 @@ from torch.utils.data import DataLoader  # noqa: E402
 from benchmarks import ffcv_peer, harness, report  # noqa: E402
 from benchmarks.bench_random_crop import PilRandomResizedCrop  # noqa: E402
 from benchmarks.bench_read import in_child  # noqa: E402
-from packload import EncodeOptions, PackedImageFolder, PackLoader, RandomResizedCrop, collate_uint8, pack  # noqa: E402
+from packload import (  # noqa: E402
+    CenterCrop,
+    EncodeOptions,
+    PackedImageFolder,
+    PackLoader,
+    RandomResizedCrop,
+    collate_uint8,
+    pack,
+)
+from packload.loaders.transforms import ResizeCenterCrop  # noqa: E402
 
 SIZE = 224
 SCALE, RATIO = (0.08, 1.0), (3 / 4, 4 / 3)
 CASES = ("jpeg", "raw")
 LOADERS = ("packloader", "ffcv", "dropin-pil")
-LABELS = {"packloader": "packload PackLoader RRC+flip", "ffcv": "FFCV RRC+flip",
-          "dropin-pil": "drop-in DataLoader, PIL RRC+flip"}
+CROPS = ("random", "center")  # RandomResizedCrop(224) + flip, or CenterCrop(224)
+LABELS = {"packloader": "packload PackLoader", "ffcv": "FFCV", "dropin-pil": "drop-in DataLoader, PIL"}
+CROP_LABELS = {"random": "RRC+flip", "center": "CenterCrop"}
+
+
+def label(name: str, crop: str = "random") -> str:
+    return f"{LABELS[name]} {CROP_LABELS[crop]}"
 
 
 def _epochs(make: Callable[[], Any], epochs: int, set_epoch: Callable[[Any, int], None]) -> dict[str, Any]:
@@ -92,35 +111,42 @@ def _epochs(make: Callable[[], Any], epochs: int, set_epoch: Callable[[Any, int]
             "images_per_epoch": counts[0], "setup_s": setup_s, **first}
 
 
-def read_packloader(pack_path: str, batch_size: int, threads: int, epochs: int) -> dict[str, Any]:
+def read_packloader(pack_path: str, batch_size: int, threads: int, epochs: int, crop: str = "random") -> dict[str, Any]:
     def make() -> PackLoader:
         ds = PackedImageFolder(pack_path)
+        if crop == "center":
+            return PackLoader(ds, batch_size, crop=CenterCrop(SIZE), sampler=ds.sampler(seed=0), threads=threads)
         return PackLoader(ds, batch_size, crop=RandomResizedCrop(SIZE, scale=SCALE, ratio=RATIO), flip=True,
                           sampler=ds.sampler(seed=0), threads=threads)
     return _epochs(make, epochs, lambda loader, e: loader.set_epoch(e))
 
 
-def read_dropin_pil(pack_path: str, batch_size: int, threads: int, epochs: int) -> dict[str, Any]:
+def read_dropin_pil(pack_path: str, batch_size: int, threads: int, epochs: int, crop: str = "random") -> dict[str, Any]:
     def make() -> DataLoader:
-        ds = PackedImageFolder(pack_path, transform=PilRandomResizedCrop(SIZE, SCALE, RATIO))
+        transform = ResizeCenterCrop(SIZE) if crop == "center" else PilRandomResizedCrop(SIZE, SCALE, RATIO)
+        ds = PackedImageFolder(pack_path, transform=transform)
         return DataLoader(ds, batch_size=batch_size, sampler=ds.sampler(seed=0), num_workers=threads,
                           collate_fn=collate_uint8, persistent_workers=threads > 0)
     return _epochs(make, epochs, lambda loader, e: loader.sampler.set_epoch(e))
 
 
-def read_ffcv(beton: str, batch_size: int, threads: int, epochs: int) -> dict[str, Any]:
-    """FFCV's training pipeline on CPU (FFCV reshuffles each epoch itself, from ``seed`` and the epoch)."""
+def read_ffcv(beton: str, batch_size: int, threads: int, epochs: int, crop: str = "random") -> dict[str, Any]:
+    """FFCV's training pipeline on CPU (FFCV reshuffles each epoch itself, from ``seed`` and the epoch), or
+    its validation pipeline's centre crop (``crop="center"``)."""
     from ffcv.fields.basics import IntDecoder
-    from ffcv.fields.rgb_image import RandomResizedCropRGBImageDecoder
+    from ffcv.fields.rgb_image import CenterCropRGBImageDecoder, RandomResizedCropRGBImageDecoder
     from ffcv.loader import Loader, OrderOption
     from ffcv.transforms import RandomHorizontalFlip, ToTensor, ToTorchImage
 
+    if crop == "center":
+        image = [CenterCropRGBImageDecoder((SIZE, SIZE), ratio=ffcv_peer.CROP_RATIO), ToTensor(), ToTorchImage()]
+    else:
+        image = [RandomResizedCropRGBImageDecoder((SIZE, SIZE), scale=SCALE, ratio=RATIO), RandomHorizontalFlip(),
+                 ToTensor(), ToTorchImage()]
+
     def make() -> Any:
         return Loader(beton, batch_size=batch_size, num_workers=threads, order=OrderOption.RANDOM, os_cache=True,
-                      drop_last=False, seed=0,
-                      pipelines={"image": [RandomResizedCropRGBImageDecoder((SIZE, SIZE), scale=SCALE, ratio=RATIO),
-                                           RandomHorizontalFlip(), ToTensor(), ToTorchImage()],
-                                 "label": [IntDecoder(), ToTensor()]})
+                      drop_last=False, seed=0, pipelines={"image": image, "label": [IntDecoder(), ToTensor()]})
     return _epochs(make, epochs, lambda loader, e: None)
 
 
@@ -159,12 +185,12 @@ def _stats(values: list[float]) -> dict[str, Any]:
 
 def run(source: Path, work: Path, *, rounds: int, epochs: int, batch_size: int, threads: int,
         cases: tuple[str, ...] = CASES, loaders: tuple[str, ...] = LOADERS, reuse: bool = False,
-        log: Callable[[str], None] = print) -> dict[str, Any]:
+        crop: str = "random", log: Callable[[str], None] = print) -> dict[str, Any]:
     ffcv_missing = ffcv_peer.unavailable() if "ffcv" in loaders else "not measured (--loaders)"
     if ffcv_missing is not None:
         loaders = tuple(name for name in loaders if name != "ffcv")
     results: dict[str, Any] = {"ffcv": ffcv_missing or f"ffcv {ffcv_peer.version()}", "loaders": list(loaders),
-                               "cases": []}
+                               "crop": crop, "cases": []}
     work.mkdir(parents=True, exist_ok=True)
     for case in cases:
         pack_path, beton = work / f"imagenet-{case}256.shards", work / f"imagenet-{case}256.beton"
@@ -177,9 +203,9 @@ def run(source: Path, work: Path, *, rounds: int, epochs: int, batch_size: int, 
             log(f"{case}: writing {beton.name}")
             writes["ffcv"] = in_child(functools.partial(_write_ffcv, source, beton, "jpg" if case == "jpeg" else "raw",
                                                         threads), timeout=3600)
-        readers = {"packloader": functools.partial(read_packloader, str(pack_path), batch_size, threads, epochs),
-                   "ffcv": functools.partial(read_ffcv, str(beton), batch_size, threads, epochs),
-                   "dropin-pil": functools.partial(read_dropin_pil, str(pack_path), batch_size, threads, epochs)}
+        readers = {"packloader": functools.partial(read_packloader, str(pack_path), batch_size, threads, epochs, crop),
+                   "ffcv": functools.partial(read_ffcv, str(beton), batch_size, threads, epochs, crop),
+                   "dropin-pil": functools.partial(read_dropin_pil, str(pack_path), batch_size, threads, epochs, crop)}
         names = [name for name in LOADERS if name in loaders]
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
         for r in range(rounds):
@@ -225,7 +251,7 @@ def markdown(results: dict[str, Any]) -> str:
     for case in results["cases"]:
         for name, entry in case["loaders"].items():
             stats = entry["images_per_s"]
-            rows.append([f"{case['case']} ({case['images'] or 0:,} images)", LABELS[name],
+            rows.append([f"{case['case']} ({case['images'] or 0:,} images)", label(name, results.get("crop", "random")),
                          report.spread(stats) if stats["n"] else "error",
                          _ratio(entry.get("ratio_to_ffcv")), _ratio(entry.get("ratio_to_dropin-pil"))])
     lines.append(report.table(["case", "loader", "images/s, median [min–max]", "× FFCV, per round",
@@ -249,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2, help="PackLoader threads, FFCV threads, DataLoader workers")
     p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of {','.join(CASES)}")
     p.add_argument("--loaders", default=",".join(LOADERS), help=f"comma-separated subset of {','.join(LOADERS)}")
+    p.add_argument("--crop", choices=CROPS, default="random",
+                   help="random: RandomResizedCrop(224) + flip (training); center: CenterCrop(224) (validation)")
     p.add_argument("--reuse", action="store_true", help="read the packs/.beton files already in the work folder")
     args = p.parse_args(argv)
     cases, loaders = tuple(args.cases.split(",")), tuple(args.loaders.split(","))
@@ -265,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     source = subset(args.data, args.limit, work / "subset") if args.limit else args.data
     loadavg_start = [round(v, 2) for v in os.getloadavg()]
     results = run(source, work, rounds=args.rounds, epochs=args.epochs, batch_size=args.batch_size,
-                  threads=args.threads, cases=cases, loaders=loaders, reuse=args.reuse,
+                  threads=args.threads, cases=cases, loaders=loaders, reuse=args.reuse, crop=args.crop,
                   log=lambda line: print(line, file=sys.stderr, flush=True))
     results.update({
         "command": "python " + " ".join(shlex.quote(a) for a in ["benchmarks/bench_train_crop_ffcv.py",

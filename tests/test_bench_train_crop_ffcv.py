@@ -59,3 +59,28 @@ def test_ffcv_contender(source, tmp_path):
     assert case["loaders"]["ffcv"]["runs"][0]["batch_shape"] == [4, 3, 224, 224]
     assert case["loaders"]["ffcv"]["ratio_to_ffcv"]["median"] == pytest.approx(1.0)
     assert case["images"] == 12
+
+
+def test_center_crop_reuses_the_packs(source, tmp_path):
+    work = tmp_path / "work"
+    _run(source, tmp_path, "--cases", "jpeg", "--loaders", "packloader,dropin-pil", "--work", str(work))
+    results = _run(source, tmp_path, "--cases", "jpeg", "--loaders", "packloader,dropin-pil", "--work", str(work),
+                   "--crop", "center", "--reuse")
+    (case,) = results["cases"]
+    assert results["crop"] == "center" and case["writes"] == {}
+    for entry in case["loaders"].values():
+        assert all(run["batch_shape"][1:] == [3, 224, 224] for run in entry["runs"])
+    assert "packload PackLoader CenterCrop" in (tmp_path / "out" / "train-crop.md").read_text()
+
+
+def test_rejects_unknown_crop(source, tmp_path):
+    with pytest.raises(SystemExit):
+        bench.main(["--data", str(source), "--out", str(tmp_path), "--crop", "corner"])
+
+
+@needs_ffcv
+def test_ffcv_center_crop(source, tmp_path):
+    results = _run(source, tmp_path, "--cases", "jpeg", "--loaders", "packloader,ffcv", "--crop", "center")
+    (case,) = results["cases"]
+    assert case["loaders"]["ffcv"]["runs"][0]["batch_shape"] == [4, 3, 224, 224]
+    assert case["loaders"]["packloader"]["ratio_to_ffcv"]["n"] == 2
