@@ -6,42 +6,31 @@ Two routes, both writing straight into the batch (no per-sample tensors, nothing
   as an array whose element ``i`` is the ``record_bytes`` bytes starting at byte ``i`` (a stride
   of one byte), so all the records of a batch that live in one part are copied with a single
   NumPy gather. With ``verify`` each record's CRC-32 is checked first.
-* ``fill_decoded``: every other payload is decoded (libjpeg-turbo through simplejpeg when
-  installed, at a reduced DCT scale when a ``CenterCrop`` makes the image smaller; PIL otherwise)
-  and either copied as it is (all images one size) or cropped and resized into its slot. With a
-  crop into a channels-last batch, upright raw and libjpeg-turbo JPEG records take a shorter
-  route (``_CropFill``): the square is copied straight from the memory map (or the JPEG decoded
-  into one buffer reused for the batch) and resized into its slot by one torch call, with the
-  per-record bookkeeping done once per batch in NumPy. Same pixels as the general route. A
-  ``RandomResizedCrop`` draws every box of the batch at once and takes ``box_fill.BoxFill``'s
-  route, the same for boxes of any shape.
+* ``fill_decoded``: every other payload is decoded (libjpeg-turbo when it is there, at a reduced DCT
+  scale when the crop makes the image smaller; PIL otherwise) and either copied as it is (all images
+  one size) or cropped and resized into its slot. With a crop into a channels-last batch, upright
+  raw and JPEG records take a shorter route (``crop_fill.CropFill``): a whole batch in one native
+  call, each JPEG decoded only over its box, the per-record bookkeeping done once per batch in
+  NumPy. Same pixels as the general route, which takes the rest one by one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from functools import cached_property
 
 import numpy as np
 import torch
-from PIL import Image
 
-from packload.core import resize_kernel
 from packload.core.errors import PackFormatError, UsageError
-from packload.core.format import FORMAT_CODE, PAYLOAD_FORMATS
-from packload.loaders.box_fill import BoxFill
-from packload.loaders.crop import CenterCrop, crop_box_into, interleaved, mirror_rows, resize, scaled_box
+from packload.core.format import PAYLOAD_FORMATS
+from packload.loaders.crop import CenterCrop, crop_box_into, mirror_rows, scaled_box
+from packload.loaders.crop_fill import CropFill
 from packload.loaders.decode import (
     DECODE_ERRORS,
-    JPEG_START,
     decode_array,
     decode_failure,
     raw_array,
-    scaled_from,
-    simplejpeg,
 )
-from packload.loaders.jpeg_fill import fill_jpegs
-from packload.loaders.prefetch import distinct
 from packload.loaders.random_crop import Draws, RandomResizedCrop
 from packload.loaders.read import PackReader
 
@@ -169,16 +158,11 @@ def fill_decoded(reader: PackReader, positions: Sequence[int], payloads: Sequenc
     draws = draws or Draws()
     mirror = np.zeros(len(chosen), dtype=bool) if mirror is None else np.asarray(mirror, dtype=bool)
     boxes = crop.boxes(*upright_sizes(reader, chosen, exif_transpose), np.asarray(chosen), draws) if boxed else None
-    fast: _CropFill | BoxFill | None = None
+    fast: CropFill | None = None
     mirrored = np.zeros(len(chosen), dtype=bool)  # slots already mirrored (by the batch decoder)
     if crop is not None and chosen and out.is_contiguous(memory_format=torch.channels_last):
-        jpeg = fast_jpeg and simplejpeg is not None
-        if boxed:
-            fast = BoxFill(reader, chosen, crop, boxes, out, jpeg, exif_transpose, fast_idct)
-        else:
-            fast = _CropFill(reader, chosen, crop, out, jpeg, exif_transpose, fast_idct)
-            fast.fill_raw_squares()
-        mirrored = fast.fill_jpegs(mirror)
+        fast = CropFill(reader, chosen, crop, boxes, out, fast_jpeg, exif_transpose, fast_idct)
+        mirrored = fast.fill_batch(mirror)
     for k in (range(len(chosen)) if fast is None else np.flatnonzero(~fast.done).tolist()):
         view = payloads[k]
         if fast is not None and fast.fill(k, view):
@@ -221,165 +205,6 @@ def upright_sizes(reader: PackReader, positions: Sequence[int], exif_transpose: 
         sideways = np.isin(entries["orientation"], (5, 6, 7, 8))
         heights, widths = np.where(sideways, widths, heights), np.where(sideways, heights, widths)
     return heights, widths
-
-
-class _CropFill:
-    """The common cases of a cropped batch with as little Python per image as possible: raw
-    pixels, and JPEGs decoded by libjpeg-turbo, both upright. The index columns and the raw
-    images' squares are worked out once per batch; each image goes through one scratch buffer
-    reused for the whole batch (no allocation per image), and torch resizes its square straight
-    into the image's slot in one call (the same call as ``CenterCrop``, so the same pixels).
-    ``fill`` returns False for anything else (other formats, EXIF rotation, a payload that does not
-    decode), which the caller then takes through the general route: same pixels, same errors."""
-
-    def __init__(self, reader: PackReader, positions: list[int], crop: CenterCrop, out: torch.Tensor,
-                 jpeg: bool, exif_transpose: bool, fast_idct: bool) -> None:
-        entries = reader.entries[np.asarray(positions, dtype=np.int64)]
-        heights, widths = entries["height"].astype(np.int64), entries["width"].astype(np.int64)
-        sides = np.maximum(1, (crop.ratio * np.minimum(heights, widths)).astype(np.int64))  # as CenterCrop.window
-        raw = (entries["format"] == FORMAT_CODE["raw"]) & (sides != crop.size)
-        if exif_transpose:
-            raw &= entries["orientation"] == 0
-        # raw: (payload bytes, side, byte offset of the square, row stride), or None for the general route
-        self.raw_columns = (raw, heights * widths * 3, sides, ((heights - sides) // 2 * widths + (widths - sides) // 2) * 3,
-                            widths * 3)
-        jpegs = np.isin(entries["format"], [FORMAT_CODE["JPEG"], FORMAT_CODE["MPO"]])
-        jpegs &= np.isin(entries["mode"], [b"RGB", b"L"]) & jpeg
-        if Image.MAX_IMAGE_PIXELS:  # a possible decompression bomb takes the general route (a clear error)
-            jpegs &= heights * widths <= 2 * Image.MAX_IMAGE_PIXELS
-        if exif_transpose:
-            jpegs &= entries["orientation"] == 0
-        self.jpegs, self.height_array, self.width_array = jpegs, heights, widths
-        self.crop = crop
-        self.fast_idct = fast_idct
-        # Sized by the records that take this route only: raw ones (their sizes checked against their
-        # payloads when the pack was opened) and JPEGs within the decompression-bomb limit.
-        fast = raw | jpegs
-        self.scratch_bytes = int((heights * widths)[fast].max()) * 3 if fast.any() else 0
-        # the compiled kernel (when built) resizes straight from the map or the decode buffer
-        self.kernel = resize_kernel.available() and bool(len(positions)) and interleaved(out)
-        self.reader, self.positions, self.out = reader, np.asarray(positions, dtype=np.int64), out
-        self.done = np.zeros(len(positions), dtype=bool)  # filled by fill_raw_squares and fill_jpegs
-
-    @cached_property
-    def columns(self) -> tuple[list[tuple[int, ...] | None], list[bool], list[int], list[int]]:
-        """Per record, for ``fill``: the raw square's (payload bytes, side, offset, row stride) or None,
-        JPEG or not, height, width."""
-        raw = [columns[1:] if columns[0] else None
-               for columns in zip(*(column.tolist() for column in self.raw_columns), strict=True)]
-        return raw, self.jpegs.tolist(), self.height_array.tolist(), self.width_array.tolist()
-
-    @cached_property
-    def slots(self) -> tuple[torch.Tensor, ...]:
-        """1×3×S×S channels-last views of the batch, one per image (made when one is needed)."""
-        return self.out.split(1)
-
-    @cached_property
-    def scratch(self) -> np.ndarray:
-        """The buffer every image of the batch that ``fill`` takes is decoded or copied into."""
-        return np.empty(self.scratch_bytes, dtype=np.uint8)
-
-    @cached_property
-    def flat(self) -> torch.Tensor:
-        return torch.from_numpy(self.scratch)
-
-    def fill_jpegs(self, mirror: np.ndarray) -> np.ndarray:
-        """Decode, crop and resize every JPEG of the batch that the compiled batch decoder takes, in
-        one call (one GIL release for all of them), mirroring those ``mirror`` asks for; ``fill``
-        then skips them. Returns which slots it mirrored."""
-        rows = np.flatnonzero(self.jpegs & ~self.done)
-        if not self.kernel or not len(rows):
-            return np.zeros(len(self.done), dtype=bool)
-        records = self.positions[rows]
-        entries = self.reader.entries
-        min_sizes = self.crop.min_decode_sizes(entries["height"][records], entries["width"][records])
-
-        def windows(heights: np.ndarray, widths: np.ndarray) -> np.ndarray:
-            tops, lefts, sides = self.crop.windows(heights, widths)
-            return np.stack([tops, lefts, sides, sides], axis=1)
-
-        done = fill_jpegs(self.reader, records, rows, min_sizes, windows, self.out, mirror[rows], self.fast_idct)
-        self.done[rows[done]] = True
-        mirrored = np.zeros(len(self.done), dtype=bool)
-        mirrored[rows[done]] = mirror[rows[done]]
-        return mirrored
-
-    def fill_raw_squares(self) -> None:
-        """Crop and resize every raw image of the batch that the compiled kernel takes, in one call
-        (one GIL release for all of them), straight from the memory map; ``fill`` then skips them.
-        Addresses come from the index: the part's map, the payload's offset, the square's; only
-        records whose stored length is their pixels' are taken (others go through ``fill``)."""
-        reader, size = self.reader, self.crop.size
-        raw, nbytes, sides, square_at, row_bytes = self.raw_columns
-        rows = np.flatnonzero(raw)
-        if not self.kernel or not len(rows) or reader.ranged:  # a pack at a URL has no map of its parts
-            return
-        records = self.positions[rows]
-        entries = reader.entries
-        ok = (entries["payload_len"][records].astype(np.int64) == nbytes[rows]) & \
-            resize_kernel.squares_applicable(sides[rows], size)
-        if not ok.any():
-            return
-        rows, records = rows[ok], records[ok]
-        parts = entries["part"][records].astype(np.int64)
-        unique_parts = distinct(parts)
-        bases = np.array([np.frombuffer(reader.part_view(part), np.uint8).ctypes.data for part in unique_parts.tolist()],
-                         dtype=np.int64)
-        sources = bases[np.searchsorted(unique_parts, parts)] + entries["payload_offset"][records].astype(np.int64) \
-            + square_at[rows]
-        out = self.out
-        dests = out.data_ptr() + rows * out.stride(0)
-        if resize_kernel.resize_squares(sources.astype(np.uint64), row_bytes[rows], sides[rows],
-                                        dests.astype(np.uint64), out.stride(2), size):
-            self.done[rows] = True
-
-    def fill(self, k: int, view: memoryview) -> bool:
-        """Crop and resize image ``k`` into its slot; False if it must take the general route."""
-        if self.done[k]:
-            return True
-        raws, jpeg, heights, widths = self.columns
-        raw = raws[k]
-        if raw is not None:
-            nbytes, side, offset, stride = raw
-            if len(view) != nbytes:
-                return False
-            square = np.ndarray((side, side, 3), np.uint8, view, offset, (stride, 3, 1))
-            if self.kernel and self._resize(square.ctypes.data, stride, side, k):
-                return True
-            np.copyto(np.ndarray((side, side, 3), np.uint8, self.scratch), square)  # one copy, straight from the map
-            square = self.flat.as_strided((1, 3, side, side), (side * side * 3, 1, side * 3, 3))
-        elif jpeg[k] and view[:3] == JPEG_START:  # only what starts as a JPEG reaches libjpeg-turbo
-            try:  # sizes from the index, no header call: each call into simplejpeg gives the GIL up and
-                # must win it back, which a training loop holding the GIL makes slow (benchmarks/bench_gil.py).
-                # An image larger than the index says does not fit the buffer: simplejpeg refuses it.
-                min_h, min_w = _decode_size(self.crop, heights[k], widths[k], 0) or (0, 0)
-                pixels = simplejpeg.decode_jpeg(view, colorspace="RGB", fastdct=self.fast_idct, min_height=min_h,
-                                                min_width=min_w, buffer=self.scratch)
-            except DECODE_ERRORS:
-                return False  # the general route decides: PIL, or a clear error naming the record
-            height, width = pixels.shape[:2]
-            if not scaled_from(height, width, heights[k], widths[k]):
-                return False  # not the size the index gives: the general route names the record
-            top, left, side = self.crop.window(height, width)
-            if self.kernel and side != self.crop.size and \
-                    self._resize(self.scratch.ctypes.data + (top * width + left) * 3, width * 3, side, k):
-                return True
-            square = self.flat.as_strided((1, 3, side, side), (height * width * 3, 1, width * 3, 3),
-                                          (top * width + left) * 3)
-            if side == self.crop.size:
-                self.slots[k].copy_(square)
-                return True
-        else:
-            return False
-        resize(square, self.slots[k])
-        return True
-
-    def _resize(self, source: int, row_bytes: int, side: int, k: int) -> bool:
-        """The ``side`` × ``side`` square at address ``source`` into slot ``k`` by the compiled kernel
-        (False: it does not apply, use ``resize``)."""
-        slot = self.slots[k]
-        size = self.crop.size
-        return resize_kernel.resize_region(source, row_bytes, side, side, slot.data_ptr(), slot.stride(2), size, size)
 
 
 def _decode(reader: PackReader, index: int, view: memoryview, crop: CenterCrop | RandomResizedCrop | None,

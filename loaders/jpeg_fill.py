@@ -1,28 +1,23 @@
-"""A batch's JPEG records decoded, cropped, resized and mirrored in one native call (one GIL release).
+"""A batch's JPEG and raw records decoded, cropped, resized and mirrored in one native call (one GIL
+release).
 
-The JPEG half of ``batch_fill._CropFill`` and ``box_fill.BoxFill``: everything about the batch is
-worked out in NumPy first, from the pack's index (each payload's address in the memory map, the
-size simplejpeg would decode it at, the box in the decoded image, the slot it goes to), and then
-``packload.core.jpeg_kernel.decode_boxes`` does every record without coming back to Python. The
-pixels are those of the one-by-one route (simplejpeg's decode, the resize kernel's resampling,
-the same mirror). Records it leaves (boxes the resize kernel does not take, payloads that are not
-plain JPEGs of the index's size) are marked not done, and the caller takes them one by one.
+The native half of ``crop_fill.CropFill``: everything about the batch is worked out in NumPy first,
+from the pack's index (each payload's address in the memory map, the scale each JPEG decodes at, its
+box there, the slot it goes to), and then ``packload.core.jpeg_kernel.decode_boxes`` does every
+record without coming back to Python, each JPEG decoded only over its box. The pixels are those of
+the one-by-one route (simplejpeg's decode at the same scale, the resize kernel's resampling, the same
+mirror). Records it leaves (boxes the resize kernel does not take, payloads that are not plain JPEGs
+of the index's size) are marked not done, and the caller takes them one by one.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import numpy as np
 import torch
 
 from packload.core import jpeg_kernel, resize_kernel
-from packload.loaders.decode import dct_scales
 from packload.loaders.prefetch import distinct
 from packload.loaders.read import PackReader
-
-# (decoded heights, decoded widths) -> boxes (B×4: top, left, height, width) in the decoded images
-Boxes = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
 def payload_addresses(reader: PackReader, records: np.ndarray,
@@ -48,35 +43,35 @@ def payload_addresses(reader: PackReader, records: np.ndarray,
     return bases[np.searchsorted(unique_parts, parts)] + offsets, lengths
 
 
-def fill_jpegs(reader: PackReader, records: np.ndarray, rows: np.ndarray, min_sizes: tuple[np.ndarray, np.ndarray],
-               boxes_of: Boxes, out: torch.Tensor, mirror: np.ndarray, fast_idct: bool,
-               raw: np.ndarray | None = None) -> np.ndarray:
+def fill_jpegs(reader: PackReader, records: np.ndarray, rows: np.ndarray, scales: np.ndarray, boxes: np.ndarray,
+               out: torch.Tensor, mirror: np.ndarray, fast_idct: bool, raw: np.ndarray) -> np.ndarray:
     """Decode records ``records`` (JPEGs by the index, or raw pixels where ``raw``) into slots
-    ``rows`` of ``out`` (a channels-last B×3×S×S uint8 batch), each decoded at simplejpeg's size for
-    ``min_sizes`` (min heights, min widths; 0: full size; raw records: always full size), cropped to
-    the box ``boxes_of`` gives for that size, resized to S × S and mirrored where ``mirror`` (per
-    row). Returns which of ``rows`` were done (all False where the compiled decoder is not available)."""
+    ``rows`` of ``out`` (a channels-last B×3×S×S uint8 batch), each JPEG at the DCT scale
+    ``scales``/8 (raw records: 8, full size) and only over its box (``boxes``: B×4 top, left, height,
+    width in the image at that scale), resized to S × S and mirrored where ``mirror`` (per row).
+    Returns which of ``rows`` were done (JPEGs only where a libjpeg-turbo is bound, none where the
+    compiled decoder is not available)."""
     count = len(rows)
     done = np.zeros(count, dtype=bool)
-    if not count or not jpeg_kernel.available():
+    if not count or not jpeg_kernel.raw_available():
         return done
     size = out.shape[2]
     entries = reader.entries
     heights, widths = entries["height"][records].astype(np.int64), entries["width"][records].astype(np.int64)
-    raw = np.zeros(count, dtype=bool) if raw is None else np.asarray(raw, dtype=bool)
-    min_h, min_w = (np.where(raw, 0, sizes) for sizes in min_sizes)
-    scales = np.where(raw, 8, dct_scales(heights, widths, min_h, min_w))
+    scales = np.where(raw, 8, scales)
     got_h, got_w = -(-heights * scales // 8), -(-widths * scales // 8)
-    boxes = np.asarray(boxes_of(got_h, got_w), dtype=np.int64).reshape(-1, 4)
+    boxes = np.asarray(boxes, dtype=np.int64).reshape(-1, 4)
     box_h, box_w = boxes[:, 2], boxes[:, 3]
     take = resize_kernel.regions_applicable(box_h, box_w, size, size) | ((box_h == size) & (box_w == size))
+    if not jpeg_kernel.available():
+        take &= raw  # no libjpeg-turbo bound: raw records only
     if not take.any():
         return done
     picked = np.flatnonzero(take)
     keep: list[bytes] = []  # a URL pack's payloads, alive until decode_boxes returns
     addresses, lengths = payload_addresses(reader, records[picked], keep)
-    geometry = np.stack([heights[picked], widths[picked], scales[picked], got_h[picked], got_w[picked], boxes[picked, 0],
-                         boxes[picked, 1], box_h[picked], box_w[picked]], axis=1)
+    geometry = np.stack([heights[picked], widths[picked], scales[picked], got_h[picked], got_w[picked],
+                         boxes[picked, 0], boxes[picked, 1], box_h[picked], box_w[picked]], axis=1)
     dests = np.uint64(out.data_ptr()) + rows[picked].astype(np.uint64) * np.uint64(out.stride(0))
     done[picked] = jpeg_kernel.decode_boxes(addresses, lengths, geometry, mirror[picked], dests, out.stride(2), size,
                                             fast_idct, raw[picked])

@@ -174,24 +174,22 @@ def test_only_jpegs_are_done_and_nothing_where_the_decoder_is_off(jpeg_pack: Pat
     names = [Path(ds.path(i)).name for i in range(len(ds))]
     records = np.array([names.index("00.jpg"), names.index("plain.png"), names.index("01.jpg")])
     out = torch.zeros((3, 3, 16, 16), dtype=torch.uint8).contiguous(memory_format=torch.channels_last)
-    zeros = np.zeros(3, dtype=np.int64)
-
-    def corner(heights: np.ndarray, widths: np.ndarray) -> np.ndarray:  # at most 2x the slot: the kernel's
-        return np.stack([zeros, zeros, np.minimum(heights, 32), np.minimum(widths, 32)], axis=1)
-
-    mirror = np.array([True, False, False])
+    entries = reader.entries[records]
+    zeros, full = np.zeros(3, dtype=np.int64), np.full(3, 8)
+    # each image's corner, at most 2x the slot (the kernel's limit)
+    corner = np.stack([zeros, zeros, np.minimum(entries["height"], 32), np.minimum(entries["width"], 32)], axis=1)
+    mirror, raw = np.array([True, False, False]), np.zeros(3, dtype=bool)
     jpeg_kernel.set_enabled(False)
     try:
-        assert not jpeg_fill.fill_jpegs(reader, records, np.arange(3), (zeros, zeros), corner, out, mirror,
-                                        False).any()
+        assert not jpeg_fill.fill_jpegs(reader, records, np.arange(3), full, corner, out, mirror, False, raw).any()
     finally:
         jpeg_kernel.set_enabled(True)
     assert not out.any()
-    done = jpeg_fill.fill_jpegs(reader, records, np.arange(3), (zeros, zeros), corner, out, mirror, False)
+    done = jpeg_fill.fill_jpegs(reader, records, np.arange(3), full, corner, out, mirror, False, raw)
     assert done.tolist() == [True, False, True]
     assert out[0].any() and out[2].any() and not out[1].any()
     unmirrored = torch.zeros_like(out)
-    jpeg_fill.fill_jpegs(reader, records, np.arange(3), (zeros, zeros), corner, unmirrored, ~mirror & False, False)
+    jpeg_fill.fill_jpegs(reader, records, np.arange(3), full, corner, unmirrored, ~mirror & False, False, raw)
     assert torch.equal(out[0], unmirrored[0].flip(2)) and torch.equal(out[2], unmirrored[2])
 
 

@@ -134,7 +134,7 @@ def test_a_raw_batch_resized_in_one_call_equals_torch(tmp_path, backend: str) ->
     from PIL import Image
 
     from packload import EncodeOptions, PackedImageFolder, pack
-    from packload.loaders import batch_fill
+    from packload.core import jpeg_kernel
 
     sizes = [(40, 30), (57, 64), (100, 75), (33, 120), (5, 40), (200, 160), (64, 64), (19, 23)]
     for k, (width, height) in enumerate(sizes):
@@ -145,17 +145,18 @@ def test_a_raw_batch_resized_in_one_call_equals_torch(tmp_path, backend: str) ->
     ds = PackedImageFolder(dest)
     crop = CenterCrop(32)
     taken: list[int] = []
-    original = batch_fill._CropFill.fill_raw_squares
+    original = jpeg_kernel.decode_boxes
 
-    def counting(self) -> None:
-        original(self)
-        taken.append(int(self.done.sum()))
+    def counting(*args, **kwargs) -> np.ndarray:
+        done = original(*args, **kwargs)
+        taken.append(int(done.sum()))
+        return done
 
-    batch_fill._CropFill.fill_raw_squares = counting
+    jpeg_kernel.decode_boxes = counting
     try:
         images, _ = ds.get_batch(list(range(len(ds))), channels_last=True, crop=crop)
     finally:
-        batch_fill._CropFill.fill_raw_squares = original
+        jpeg_kernel.decode_boxes = original
     sides = [crop.window(height, width)[2] for width, height in sizes]
     assert taken == [sum(6 <= side <= 64 for side in sides)] and taken[0] >= 4  # not 4 px wide, nor shrunk > 2x
     for k in range(len(ds)):
@@ -167,18 +168,16 @@ def test_a_raw_batch_resized_in_one_call_equals_torch(tmp_path, backend: str) ->
 
 @needs_kernel
 def test_more_sizes_than_the_weights_cache_keeps(monkeypatch) -> None:
-    """Past the cache's capacity a single resize builds and frees its own weights (same pixels), and a
-    batch call declines, so its caller resizes one by one."""
+    """Past the cache's capacity a single resize builds and frees its own weights (same pixels), and
+    there are no weights for a batch call (the batch decoder then declines, and its caller resizes one
+    by one)."""
     monkeypatch.setattr(resize_kernel, "_weights", {})
     monkeypatch.setattr(resize_kernel, "_WEIGHTS_KEPT", 0)
     image = natural(150, 170, 9)
     for _ in range(3):
         assert np.array_equal(kernel_resize(image, 64, 80), torch_resize(image, 64, 80))
     assert resize_kernel._weights == {}
-    out = np.empty((2, 32, 32, 3), np.uint8)
-    sides = np.array([40, 50])
-    assert not resize_kernel.resize_squares(np.array([image.ctypes.data] * 2, np.uint64), np.array([510, 510]), sides,
-                                            np.array([out.ctypes.data, out[1].ctypes.data], np.uint64), 96, 32)
+    assert resize_kernel.weights_for_sizes(np.array([40, 50]), 32) is None
 
 
 @needs_kernel

@@ -244,7 +244,7 @@ static int one_record(decoder_t *dec, const uint8_t *src, unsigned long len, int
             return 0;
         row = (long)dw * 3;
         region = src + (size_t)g[G_TOP] * (size_t)row + (size_t)g[G_LEFT] * 3;
-    } else if (!decode_jpeg(dec, src, len, g, flags, pixels, pixels_bytes, &region, &row)) {
+    } else if (!dec || !decode_jpeg(dec, src, len, g, flags, pixels, pixels_bytes, &region, &row)) {
         return 0;
     }
     if (bh == out && bw == out) {
@@ -267,7 +267,7 @@ int pl_jpeg_accepts(const uint64_t *api, char *message, size_t message_size) {
 }
 
 /* Decode, crop, resize (and mirror) n JPEG records into out x out x 3 slots.
- *   api: the library's functions (enum api_entry).
+ *   api: the library's functions (enum api_entry); NULL: none, raw records only (JPEGs are left).
  *   payloads[i], lengths[i]: record i's bytes; raw[i]: they are its pixels, not a JPEG (no decode).
  *   geometry: n x 9 int32: the index's height and width, the DCT scale n (of n/8: 8 is full size), the
  *       decode size (that scale of the index's size, sides rounded up), the box's top, left, height and
@@ -290,11 +290,14 @@ int pl_jpeg_boxes(const uint64_t *api, int n, const uint64_t *payloads, const ui
     resize_fn resize = (resize_fn)(uintptr_t)resize_entry;
     if (n <= 0) return 0;
     if (!resize) return -1;
-    decoder_t *dec = (decoder_t *)malloc(sizeof(decoder_t));
-    if (!dec) return -1;
-    if (!open_decoder(dec, api, max_scans, NULL, 0)) {
-        free(dec);
-        return -1;
+    decoder_t *dec = NULL; /* none without a library: raw records only */
+    if (api) {
+        dec = (decoder_t *)malloc(sizeof(decoder_t));
+        if (!dec) return -1;
+        if (!open_decoder(dec, api, max_scans, NULL, 0)) {
+            free(dec);
+            return -1;
+        }
     }
     int count = 0;
     for (int i = 0; i < n; i++) {
@@ -305,8 +308,10 @@ int pl_jpeg_boxes(const uint64_t *api, int n, const uint64_t *payloads, const ui
                                       pixels_bytes, scratch, scratch_bytes);
         count += done[i];
     }
-    dec->api.destroy(&dec->cinfo);
-    free(dec);
+    if (dec) {
+        dec->api.destroy(&dec->cinfo);
+        free(dec);
+    }
     return count;
 }
 

@@ -567,22 +567,6 @@ int rs_resize_level(const uint8_t *src, long sstride, int ih, int iw, uint8_t *d
                         scratch_size);
 }
 
-/* A batch in one call (so a caller releases the GIL once for all of it): image i is the square of
-   sides[i] x sides[i] x 3 at srcs[i] (row stride sstrides[i]), resized into the out x out x 3 region
-   at dsts[i] (row stride dstride); whs[i] holds the weights sides[i] -> out (NULL when equal), for
-   both axes. Returns the number of images done (n on success). */
-int rs_resize_squares(int n, const uint64_t *srcs, const int64_t *sstrides, const int32_t *sides, const uint64_t *dsts,
-                      long dstride, int out, const uint64_t *whs, uint8_t *scratch, size_t scratch_size) {
-    int level = level_default();
-    for (int i = 0; i < n; i++) {
-        const rs_weights *w = (const rs_weights *)(uintptr_t)whs[i];
-        if (resize_level((const uint8_t *)(uintptr_t)srcs[i], (long)sstrides[i], sides[i], sides[i],
-                         (uint8_t *)(uintptr_t)dsts[i], dstride, out, out, w, w, level, scratch, scratch_size) != 0)
-            return i;
-    }
-    return n;
-}
-
 /* The code path rs_resize takes here: 2 AVX2, 1 SSE2, 0 portable C. */
 int rs_level(void) { return level_default(); }
 

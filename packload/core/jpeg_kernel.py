@@ -47,6 +47,9 @@ _API = ("jpeg_std_error", "jpeg_CreateDecompress", "jpeg_destroy_decompress", "j
         "jpeg_start_decompress", "jpeg_crop_scanline", "jpeg_skip_scanlines", "jpeg_read_scanlines",
         "jpeg_abort_decompress")
 _FAST_IDCT, _WHOLE = 1, 2  # the extension's flags
+# Columns decoded beyond a box, at most: libjpeg-turbo's iMCU is at most 32 pixels wide at our scales
+# (4 x 8); one iMCU of margin each side, and the left edge moved down to an iMCU boundary.
+_MARGIN_COLUMNS = 3 * 32
 _buffers = threading.local()  # each thread's decode buffer and resize scratch, grown as needed
 
 
@@ -54,7 +57,6 @@ _buffers = threading.local()  # each thread's decode buffer and resize scratch, 
 class _Decoder:
     """The extension's functions, bound to one libjpeg-turbo."""
 
-    boxes: Any  # pl_jpeg_boxes
     region: Any  # pl_jpeg_region
     api: np.ndarray  # the library's function addresses (uint64), in the order of _API
     library: Any  # the ctypes handle, kept so the library stays loaded
@@ -146,7 +148,7 @@ def _bind(extension: Any, path: str, where: str) -> tuple[_Decoder | None, str]:
     if not extension.pl_jpeg_accepts(api.ctypes.data, message, len(message)):
         said = message.value.decode("utf-8", "replace") or "it refused the libjpeg 6.2 ABI"
         return None, f"{name} from {where} is not the libjpeg 6.2 ABI this build expects ({said})"
-    decoder = _Decoder(extension.pl_jpeg_boxes, extension.pl_jpeg_region, api, library,
+    decoder = _Decoder(extension.pl_jpeg_region, api, library,
                        f"libjpeg-turbo {name} from {where}")
     failed = _self_check(decoder)
     if failed:
@@ -155,17 +157,27 @@ def _bind(extension: Any, path: str, where: str) -> tuple[_Decoder | None, str]:
 
 
 _lock = threading.Lock()
-_state: dict[str, Any] = {}  # "decoder" and "reason", set once, at first use
+_state: dict[str, Any] = {}  # the extension and the decoder, each with why not, set once at first use
 _enabled = True  # False while disabled by set_enabled(False)
 _crop_first = True  # False while set_crop_first(False)
+
+
+def _extension_lib() -> Any:
+    """The extension (loaded at first use, then kept), or None where it was not built."""
+    if "extension" not in _state:
+        with _lock:
+            if "extension" not in _state:
+                _state["extension"], _state["extension_reason"] = _extension()
+    return _state["extension"]
 
 
 def _decoder() -> _Decoder | None:
     """The bound decoder (found at first use, then kept), or None."""
     if "reason" not in _state:
+        extension = _extension_lib()
         with _lock:
             if "reason" not in _state:
-                extension, reason = _extension()
+                reason = _state["extension_reason"]
                 decoder = None
                 if extension is not None:
                     refused = []
@@ -182,9 +194,15 @@ def _decoder() -> _Decoder | None:
 
 
 def available() -> bool:
-    """Whether ``decode_boxes`` decodes here: built, a libjpeg-turbo bound, enabled, and the resize
-    kernel in use."""
-    return _enabled and resize_kernel.available() and _decoder() is not None
+    """Whether ``decode_boxes`` decodes JPEGs here: built, a libjpeg-turbo bound, enabled, and the
+    resize kernel in use."""
+    return raw_available() and _decoder() is not None
+
+
+def raw_available() -> bool:
+    """Whether ``decode_boxes`` resizes raw records here (built, enabled, the resize kernel in use:
+    no libjpeg-turbo needed)."""
+    return _enabled and resize_kernel.available() and _extension_lib() is not None
 
 
 def set_enabled(enabled: bool) -> None:
@@ -228,12 +246,22 @@ def _buffer(name: str, nbytes: int) -> np.ndarray:
     return buffer
 
 
+def _pixels_bytes(geometry: np.ndarray, whole: bool) -> np.ndarray:
+    """Bytes of pixels the decoder writes for each record of ``geometry`` (n × GEOMETRY_FIELDS): the
+    box's rows, its columns with their margin (the whole decoded image where ``whole``)."""
+    decode_h, decode_w = geometry[:, 3].astype(np.int64), geometry[:, 4].astype(np.int64)
+    if whole:
+        return decode_h * decode_w * 3
+    return np.minimum(decode_h, geometry[:, 7]) * np.minimum(decode_w, geometry[:, 8].astype(np.int64)
+                                                              + _MARGIN_COLUMNS) * 3
+
+
 def _region(decoder: _Decoder, payload: bytes | memoryview, height: int, width: int, scale: int,
             box: tuple[int, int, int, int], fast_idct: bool, whole: bool) -> np.ndarray | None:
     data = np.frombuffer(payload, dtype=np.uint8)
     decode_size = (-(-height * scale // 8), -(-width * scale // 8))
     geometry = np.array([height, width, scale, *decode_size, *box], dtype=np.int32)
-    pixels = _buffer("pixels", decode_size[0] * decode_size[1] * 3)
+    pixels = _buffer("pixels", int(_pixels_bytes(geometry[None], whole).max()))
     out = np.empty((max(box[2], 0), max(box[3], 0), 3), dtype=np.uint8)
     flags = (_FAST_IDCT if fast_idct else 0) | (_WHOLE if whole else 0)
     status = decoder.region(decoder.api.ctypes.data, data.ctypes.data, len(data), geometry.ctypes.data, flags,
@@ -267,13 +295,12 @@ def decode_boxes(payloads: np.ndarray, lengths: np.ndarray, geometry: np.ndarray
     Every box must pass ``resize_kernel.regions_applicable`` or be the slot's size. Returns which
     records were done: the others (not JPEGs, not the index's size, CMYK, over ``MAX_JPEG_SCANS``
     scans, any decoder warning) are left for the caller, as is everything where the decoder is not
-    available."""
+    available (and every JPEG where no libjpeg-turbo is bound)."""
     count = len(lengths)
     done = np.zeros(count, dtype=np.uint8)
-    if not count or not available():
+    if not count or not raw_available():
         return done.astype(bool)
-    decoder = _decoder()
-    assert decoder is not None  # available() said so
+    decoder = _decoder()  # None: raw records only (JPEGs are left)
     geometry = np.ascontiguousarray(geometry, dtype=np.int32)
     box_h, box_w = geometry[:, 7], geometry[:, 8]
     weights_w = resize_kernel.weights_for_sizes(box_w, out_size)
@@ -282,7 +309,7 @@ def decode_boxes(payloads: np.ndarray, lengths: np.ndarray, geometry: np.ndarray
         return done.astype(bool)
     weights = np.ascontiguousarray(np.stack([weights_w, weights_h], axis=1))
     raw = np.zeros(count, dtype=np.uint8) if raw is None else np.ascontiguousarray(raw, dtype=np.uint8)
-    decoded = np.where(raw == 0, geometry[:, 3].astype(np.int64) * geometry[:, 4] * 3, 0)  # raw: no decode
+    decoded = np.where(raw == 0, _pixels_bytes(geometry, not _crop_first), 0)  # raw: no decode
     pixels = _buffer("pixels", int(decoded.max()))
     scratch = _buffer("scratch", resize_kernel.scratch_bytes(int(box_h.max()), out_size))
     payloads = np.ascontiguousarray(payloads, dtype=np.uint64)
@@ -290,7 +317,8 @@ def decode_boxes(payloads: np.ndarray, lengths: np.ndarray, geometry: np.ndarray
     mirror = np.ascontiguousarray(mirror, dtype=np.uint8)
     dests = np.ascontiguousarray(dests, dtype=np.uint64)
     flags = (_FAST_IDCT if fast_idct else 0) | (0 if _crop_first else _WHOLE)
-    status = decoder.boxes(decoder.api.ctypes.data, count, payloads.ctypes.data, lengths.ctypes.data, raw.ctypes.data,
+    api = decoder.api.ctypes.data if decoder is not None else None
+    status = _extension_lib().pl_jpeg_boxes(api, count, payloads.ctypes.data, lengths.ctypes.data, raw.ctypes.data,
                            geometry.ctypes.data, weights.ctypes.data, mirror.ctypes.data, dests.ctypes.data,
                            dest_row_bytes, out_size, flags, MAX_JPEG_SCANS, resize_kernel.resize_entry(),
                            pixels.ctypes.data, pixels.nbytes, scratch.ctypes.data, scratch.nbytes, done.ctypes.data)

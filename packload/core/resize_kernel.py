@@ -45,9 +45,6 @@ def _load() -> tuple[Any, str | None]:
     lib.rs_resize.restype = int_
     lib.rs_resize.argtypes = [pointer, long, int_, int_, pointer, long, int_, int_, pointer, pointer, pointer,
                               ctypes.c_size_t]
-    lib.rs_resize_squares.restype = int_
-    lib.rs_resize_squares.argtypes = [int_, pointer, pointer, pointer, pointer, long, int_, pointer, pointer,
-                                      ctypes.c_size_t]
     lib.rs_level.restype = int_
     if lib.rs_level() < _AVX2:
         return None, "this CPU has no AVX2, where torch's resize is the faster one"
@@ -162,34 +159,3 @@ def scratch_bytes(height: int, out_width: int) -> int:
     if _lib is None:
         return 0
     return int(_lib.rs_scratch_bytes(height, out_width))
-
-
-def squares_applicable(sides: np.ndarray, out_size: int) -> np.ndarray:
-    """Which squares of these sides ``resize_squares`` takes (the rest: ``resize_region``'s rules)."""
-    return (sides * 3 >= _MIN_ROW_BYTES) & (sides >= 2) & (sides <= _MAX_SHRINK * out_size)
-
-
-def resize_squares(sources: np.ndarray, source_row_bytes: np.ndarray, sides: np.ndarray, dests: np.ndarray,
-                   dest_row_bytes: int, out_size: int) -> bool:
-    """Resize many squares in one call (the GIL is given up once for all of them): square ``i`` of
-    ``sides[i]`` pixels at address ``sources[i]`` (rows ``source_row_bytes[i]`` apart) into the
-    ``out_size`` × ``out_size`` × 3 region at ``dests[i]``. Every square must pass
-    ``squares_applicable``. False, with nothing done, where the kernel is not available or more
-    square sizes came than its weights cache keeps (resize them one by one then)."""
-    count = len(sides)
-    if _lib is None or not count:
-        return _lib is not None
-    sides = np.ascontiguousarray(sides, dtype=np.int32)
-    handles = weights_for_sizes(sides, out_size)
-    if handles is None:
-        return False
-    scratch = _scratch_for(int(sides.max()), out_size)
-    sources = np.ascontiguousarray(sources, dtype=np.uint64)
-    rows = np.ascontiguousarray(source_row_bytes, dtype=np.int64)
-    dests = np.ascontiguousarray(dests, dtype=np.uint64)
-    done = _lib.rs_resize_squares(count, sources.ctypes.data, rows.ctypes.data, sides.ctypes.data, dests.ctypes.data,
-                                  dest_row_bytes, out_size, handles.ctypes.data, scratch.ctypes.data, scratch.nbytes)
-    if done != count:
-        raise ValueError(f"resize kernel refused square {done} ({int(sides[done])} pixels -> {out_size})")
-    return True
-
