@@ -66,7 +66,7 @@ class PackedImageFolder(Dataset):
             ``gs://``, ``https://``, any fsspec URL): the local folder fetched bytes are kept in
             (default ``~/.cache/packload``), the most bytes it may hold (default
             ``$PACKLOAD_CACHE_LIMIT`` or 20 GiB), and fsspec's options (an endpoint, credentials).
-            See README "Object stores".
+            See docs/OBJECT_STORES.md.
         decode_threads: threads that decode a batch asked for with ``__getitems__`` (as a
             DataLoader does) outside DataLoader workers, e.g. with ``num_workers=0`` (None: one per
             usable core; 1: the calling thread). Transforms still run in order in the calling thread.

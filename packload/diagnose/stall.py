@@ -140,7 +140,7 @@ def pack_files(path: str | os.PathLike[str]) -> list[str]:
 
 
 def pack_plan(path: str | os.PathLike[str], count: int, crop: int = 224, seed: int = 0) -> StallPlan:
-    """A pack read as the README recommends: ``PackSampler`` order, decoded at reduced size, cropped."""
+    """A pack read as docs/LOAD.md recommends: ``PackSampler`` order, decoded at reduced size, cropped."""
     transform = ResizeCenterCrop(crop)
     dataset = PackedImageFolder(path, transform=transform, decode_size=(transform.resize, transform.resize))
     order = dataset.sampler(seed=seed, rank=0, world_size=1).epoch_order()[:count].tolist()
