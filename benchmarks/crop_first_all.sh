@@ -10,7 +10,7 @@
 #       RandomResizedCrop: PackLoader against itself with an idle loop, JPEGs one by one, batch_loader
 #   (d) PLACEHOLDER: a `keep` pack of the full-size photos, crop-only decoding against whole images
 #
-#   bash benchmarks/crop_first_all.sh                        # the record: about 15 min on 2 quiet cores
+#   bash benchmarks/crop_first_all.sh                        # the record: about 15 min on 2 cores (estimated)
 #   CROP_FIRST_LIMIT=300 bash benchmarks/crop_first_all.sh   # smoke run: 300 photos, 1 round, short windows
 #
 # Needs .venv-peers with FFCV (BENCHMARKS.md, "Reproduce") and the photos
