@@ -257,7 +257,8 @@ def _pixels_bytes(geometry: np.ndarray, whole: bool) -> np.ndarray:
 
 
 def _region(decoder: _Decoder, payload: bytes | memoryview, height: int, width: int, scale: int,
-            box: tuple[int, int, int, int], fast_idct: bool, whole: bool) -> np.ndarray | None:
+            box: tuple[int, int, int, int], fast_idct: bool, whole: bool,
+            max_scans: int = MAX_JPEG_SCANS) -> np.ndarray | None:
     data = np.frombuffer(payload, dtype=np.uint8)
     decode_size = (-(-height * scale // 8), -(-width * scale // 8))
     geometry = np.array([height, width, scale, *decode_size, *box], dtype=np.int32)
@@ -265,22 +266,24 @@ def _region(decoder: _Decoder, payload: bytes | memoryview, height: int, width: 
     out = np.empty((max(box[2], 0), max(box[3], 0), 3), dtype=np.uint8)
     flags = (_FAST_IDCT if fast_idct else 0) | (_WHOLE if whole else 0)
     status = decoder.region(decoder.api.ctypes.data, data.ctypes.data, len(data), geometry.ctypes.data, flags,
-                            MAX_JPEG_SCANS, pixels.ctypes.data, pixels.nbytes, out.ctypes.data)
+                            max_scans, pixels.ctypes.data, pixels.nbytes, out.ctypes.data)
     if status < 0:
         raise MemoryError("libjpeg-turbo could not create a decompressor")
     return out if status else None
 
 
 def decode_region(payload: bytes | memoryview, height: int, width: int, scale: int,
-                  box: tuple[int, int, int, int], fast_idct: bool = False) -> np.ndarray | None:
+                  box: tuple[int, int, int, int], fast_idct: bool = False,
+                  max_scans: int = MAX_JPEG_SCANS) -> np.ndarray | None:
     """The ``box`` (top, left, height, width, in the decoded image) of a JPEG whose index size is
     ``height`` × ``width``, decoded at the DCT scale ``scale``/8 (sides rounded up) as the batch
     decoder decodes it (only the box, unless ``set_crop_first(False)``): box height × box width × 3
-    uint8, or None where the decoder leaves the record to the general route (or is not available)."""
+    uint8, or None where the decoder leaves the record to the general route (or is not available);
+    a progressive JPEG of more than ``max_scans`` scans is left too."""
     decoder = _decoder()
     if decoder is None or not _enabled:
         return None
-    return _region(decoder, payload, height, width, scale, box, fast_idct, whole=not _crop_first)
+    return _region(decoder, payload, height, width, scale, box, fast_idct, not _crop_first, max_scans)
 
 
 def decode_boxes(payloads: np.ndarray, lengths: np.ndarray, geometry: np.ndarray, mirror: np.ndarray,
