@@ -106,3 +106,17 @@ def test_the_readme_keeps_its_commands_and_stays_short() -> None:
     for command in README_COMMANDS:
         assert f"\n{command}\n" in text, f"the README lost its command, word for word: {command}"
     assert len(text.splitlines()) <= 200, "the README is a front page; the details belong in docs/"
+
+
+def test_the_layout_names_files_that_exist() -> None:
+    """Each file the layout table of CONTRIBUTING.md names is in its row's folder (or at the top of
+    the repository, as setup.py is): a module renamed or removed shows up here."""
+    missing = []
+    for line in (ROOT / "docs" / "CONTRIBUTING.md").read_text().splitlines():
+        row = re.match(r"\| `([\w/]+/)`", line)
+        if not row:
+            continue
+        for name in re.findall(r"`(\w+\.(?:py|c|sh))`", line):
+            if not (ROOT / row.group(1) / name).exists() and not (ROOT / name).exists():
+                missing.append(f"{row.group(1)}{name}")
+    assert not missing, f"CONTRIBUTING.md's layout names files that are not there: {missing}"
