@@ -18,7 +18,7 @@ import pytest
 from tests.fuzz_packs import campaign, model, read_paths
 from tests.fuzz_packs.manifest_cases import MANIFEST_KEYS
 from tests.fuzz_packs.reference import Reference
-from tests.fuzz_packs.server import ProbeServer, build_sanitized_kernel
+from tests.fuzz_packs.server import JPEG_BOXES_ASAN, ProbeServer, build_sanitized_kernel
 
 
 def _report(result: dict[str, Any]) -> str:
@@ -73,14 +73,16 @@ def test_reference_reads_what_packload_reads(tmp_path: Path) -> None:
 
 
 def test_sanitized_resize_kernel(tmp_path: Path) -> None:
-    """The resize kernel built with AddressSanitizer and UBSan, loaded in the workers (with libasan
-    preloaded) in place of the installed one: a deliberate over-read is reported, then the
-    PackLoader crop runs over hostile index entries of raw and JPEG packs with no report."""
+    """The resize kernel and the batch decoder built with AddressSanitizer and UBSan, loaded in the
+    workers (with libasan preloaded) in place of the installed ones: a deliberate over-read is
+    reported, then the PackLoader crop runs over hostile index entries of raw and JPEG packs with no
+    report."""
     library, why = build_sanitized_kernel(tmp_path / "asan")
     if library is None:
         pytest.skip(f"cannot build the kernel with sanitizers here: {why}")
     with ProbeServer(f"asan:{library}", tmp_path / "canary.log") as server:
         assert server.info["kernel"] == str(library)
+        assert server.info["decoder"] == str(library.with_name(JPEG_BOXES_ASAN)), "the batch decoder's build too"
         answer = server.ask({"canary": True})
     assert answer.get("died") == "SIGABRT" and "AddressSanitizer" in answer["log"], answer
     result = campaign.fuzz_fields(tmp_path / "fuzz", "asan", asan_library=library)

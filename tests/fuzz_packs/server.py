@@ -31,16 +31,21 @@ from tests.reliability.packs import MEMORY_HEADROOM, REPO, child_env
 # lower), so that a scaled-down case tests the same refusal as a real 300 MB manifest.
 MANIFEST_LIMIT_HOOK = ("packload.core.manifest", "MANIFEST_LIMIT")
 RECYCLE = 3  # a worker's exit status asking the server for a fresh worker (not a death)
+JPEG_BOXES_ASAN = "_jpeg_boxes_asan.so"  # the batch decoder's sanitizer build, beside the resize kernel's
 
 
 def _use_kernel(library: str) -> None:
     """Make ``packload.core.resize_kernel`` load ``library`` (a sanitizer build) instead of the built
-    kernel: it imports the module ``packload.core._resize`` and loads the file that module names."""
+    kernel: it imports the module ``packload.core._resize`` and loads the file that module names. The
+    batch decoder's sanitizer build beside it (``build_sanitized_kernel``) takes the place of
+    ``packload.core._jpeg_boxes`` the same way."""
     import types
 
-    module = types.ModuleType("packload.core._resize")
-    module.__file__ = library
-    sys.modules["packload.core._resize"] = module
+    for name, path in (("_resize", Path(library)), ("_jpeg_boxes", Path(library).with_name(JPEG_BOXES_ASAN))):
+        if path.exists():
+            module = types.ModuleType(f"packload.core.{name}")
+            module.__file__ = str(path)
+            sys.modules[f"packload.core.{name}"] = module
 
 
 def serve(mode: str) -> None:
@@ -64,8 +69,13 @@ def serve(mode: str) -> None:
     with open("/proc/self/status") as f:
         vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
     resource.setrlimit(resource.RLIMIT_AS, (vm + MEMORY_HEADROOM, vm + MEMORY_HEADROOM))
+    from packload.core import jpeg_kernel
+
     kernel = getattr(resize_kernel._lib, "_name", None)
-    proto.write(json.dumps({"server": os.getpid(), "kernel": kernel, "loaders": packload.loaders.__file__}) + "\n")
+    decoder = getattr(jpeg_kernel._extension_lib(), "_name", None)
+    jpeg_kernel.available()  # the library bound (and self-checked) before the address space is capped
+    proto.write(json.dumps({"server": os.getpid(), "kernel": kernel, "decoder": decoder,
+                            "loaders": packload.loaders.__file__}) + "\n")
     while True:
         pid = os.fork()
         if pid == 0:
@@ -308,7 +318,8 @@ def sanitizer_runtime() -> tuple[str | None, str]:
 
 def build_sanitized_kernel(dest: Path) -> tuple[Path | None, str]:
     """``packload/core/_resize.c`` built with ``-fsanitize=address,undefined`` into ``dest``: (library, "")
-    or (None, why it cannot be built here)."""
+    or (None, why it cannot be built here). The batch decoder (``packload/core/_jpeg_boxes.c``) is
+    built the same way beside it, as ``JPEG_BOXES_ASAN``."""
     runtime, why = sanitizer_runtime()
     if runtime is None:
         return None, why
@@ -318,10 +329,11 @@ def build_sanitized_kernel(dest: Path) -> tuple[Path | None, str]:
     cc = shutil.which("gcc") or shutil.which("cc")
     dest.mkdir(parents=True, exist_ok=True)
     library = dest / "_resize_asan.so"
-    command = [str(cc), "-shared", "-fPIC", "-O1", "-g", "-fsanitize=address,undefined",
-               "-fno-omit-frame-pointer", f"-I{include}", str(REPO / "packload" / "core" / "_resize.c"), "-o",
-               str(library)]
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
-        return None, f"the sanitizer build failed: {done.stderr.strip()[-500:]}"
+    for source, built in (("_resize.c", library), ("_jpeg_boxes.c", dest / JPEG_BOXES_ASAN)):
+        command = [str(cc), "-shared", "-fPIC", "-O1", "-g", "-fsanitize=address,undefined",
+                   "-fno-omit-frame-pointer", f"-I{include}", str(REPO / "packload" / "core" / source), "-o",
+                   str(built)]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            return None, f"the sanitizer build of {source} failed: {done.stderr.strip()[-500:]}"
     return library, ""
