@@ -2,19 +2,22 @@
 pipeline and the drop-in DataLoader path, on the same images, side by side in one run.
 
     .venv-peers/bin/python benchmarks/bench_train_crop_ffcv.py [--data bench-data/imagenet]
-        [--out bench-results/train-crop] [--limit N] [--rounds 3] [--epochs 1] [--cases jpeg,raw]
-        [--loaders packloader,ffcv,dropin-pil] [--crop random|center] [--reuse]
+        [--out bench-results/train-crop] [--limit N] [--rounds 3] [--epochs 1] [--cases jpeg,raw,keep]
+        [--loaders packloader,packloader-whole,ffcv,dropin-pil] [--crop random|center] [--reuse]
 
 Writes (each in a forked process, 2 workers; timed once, for the record, not the point here):
 
 * ``jpeg``: a packload pack ``--encoding jpeg --max-side 256`` (quality 90, the CLI's default) and an
   FFCV ``jpg`` write with ``max_resolution=256``, ``jpeg_quality=90``;
-* ``raw``: ``--encoding raw --max-side 256`` and FFCV's ``raw`` write with ``max_resolution=256``.
+* ``raw``: ``--encoding raw --max-side 256`` and FFCV's ``raw`` write with ``max_resolution=256``;
+* ``keep`` (not by default): ``--encoding keep``, the photos as they are, packload only (no FFCV write).
 
 Contenders (batch 256, 2 threads/workers, random order, every record each epoch, warm page cache):
 
 * ``packloader``: ``PackLoader(ds, 256, crop=RandomResizedCrop(224, scale=(0.08, 1.0), ratio=(3/4, 4/3)),
   flip=True, sampler=ds.sampler(seed=0), threads=2)``: BCHW uint8 batches (channels-last memory);
+* ``packloader-whole``: the same, its batch decoder decoding each JPEG whole before cropping
+  (``jpeg_kernel.set_crop_first(False)``): what decoding only the crop's region saves;
 * ``ffcv``: ``Loader(beton, 256, num_workers=2, order=RANDOM, os_cache=True, drop_last=False)`` with
   ``[RandomResizedCropRGBImageDecoder((224, 224)), RandomHorizontalFlip(), ToTensor(), ToTorchImage()]``
   (FFCV's ImageNet training pipeline without ``ToDevice``/``NormalizeImage``): the same BCHW
@@ -76,10 +79,13 @@ from packload.loaders.transforms import ResizeCenterCrop  # noqa: E402
 
 SIZE = 224
 SCALE, RATIO = (0.08, 1.0), (3 / 4, 4 / 3)
-CASES = ("jpeg", "raw")
-LOADERS = ("packloader", "ffcv", "dropin-pil")
+CASES = ("jpeg", "raw", "keep")  # keep: the photos as they are (full size), packload only
+DEFAULT_CASES = ("jpeg", "raw")
+LOADERS = ("packloader", "packloader-whole", "ffcv", "dropin-pil")
 CROPS = ("random", "center")  # RandomResizedCrop(224) + flip, or CenterCrop(224)
-LABELS = {"packloader": "packload PackLoader", "ffcv": "FFCV", "dropin-pil": "drop-in DataLoader, PIL"}
+LABELS = {"packloader": "packload PackLoader", "packloader-whole": "packload PackLoader, whole-image decoding",
+          "ffcv": "FFCV", "dropin-pil": "drop-in DataLoader, PIL"}
+RATIO_BASES = ("ffcv", "dropin-pil", "packloader-whole")
 CROP_LABELS = {"random": "RRC+flip", "center": "CenterCrop"}
 
 
@@ -111,7 +117,14 @@ def _epochs(make: Callable[[], Any], epochs: int, set_epoch: Callable[[Any, int]
             "images_per_epoch": counts[0], "setup_s": setup_s, **first}
 
 
-def read_packloader(pack_path: str, batch_size: int, threads: int, epochs: int, crop: str = "random") -> dict[str, Any]:
+def read_packloader(pack_path: str, batch_size: int, threads: int, epochs: int, crop: str = "random",
+                    whole: bool = False) -> dict[str, Any]:
+    """PackLoader's training (or centre) crop; ``whole``: its batch decoder decoding every image whole,
+    then cropping (``jpeg_kernel.set_crop_first(False)``), to measure what decoding only the crop saves."""
+    from packload.core import jpeg_kernel
+
+    jpeg_kernel.set_crop_first(not whole)  # in this child process only
+
     def make() -> PackLoader:
         ds = PackedImageFolder(pack_path)
         if crop == "center":
@@ -169,8 +182,9 @@ def subset(source: Path, limit: int, dest: Path) -> Path:
 def _write_packload(source: Path, dst: Path, encoding: str, threads: int) -> dict[str, Any]:
     shutil.rmtree(dst, ignore_errors=True)
     start = time.perf_counter()
-    summary = pack(source, dst, options=EncodeOptions(encoding=encoding, quality=90, max_side=256),
-                   workers=threads, progress=False)
+    options = EncodeOptions(encoding="keep") if encoding == "keep" else \
+        EncodeOptions(encoding=encoding, quality=90, max_side=256)
+    summary = pack(source, dst, options=options, workers=threads, progress=False)
     return {"seconds": time.perf_counter() - start, "bytes": report.dir_bytes(dst), "samples": summary["records"]}
 
 
@@ -184,7 +198,7 @@ def _stats(values: list[float]) -> dict[str, Any]:
 
 
 def run(source: Path, work: Path, *, rounds: int, epochs: int, batch_size: int, threads: int,
-        cases: tuple[str, ...] = CASES, loaders: tuple[str, ...] = LOADERS, reuse: bool = False,
+        cases: tuple[str, ...] = DEFAULT_CASES, loaders: tuple[str, ...] = LOADERS, reuse: bool = False,
         crop: str = "random", log: Callable[[str], None] = print) -> dict[str, Any]:
     ffcv_missing = ffcv_peer.unavailable() if "ffcv" in loaders else "not measured (--loaders)"
     if ffcv_missing is not None:
@@ -194,19 +208,24 @@ def run(source: Path, work: Path, *, rounds: int, epochs: int, batch_size: int, 
     work.mkdir(parents=True, exist_ok=True)
     for case in cases:
         pack_path, beton = work / f"imagenet-{case}256.shards", work / f"imagenet-{case}256.beton"
+        if case == "keep":
+            pack_path = work / "imagenet-keep.shards"
+        case_loaders = tuple(name for name in loaders if not (case == "keep" and name == "ffcv"))  # packload only
         writes: dict[str, Any] = {}
         if not (reuse and pack_path.exists()):
             log(f"{case}: packing {pack_path.name}")
             writes["packload"] = in_child(functools.partial(_write_packload, source, pack_path, case, threads),
                                           timeout=3600)
-        if "ffcv" in loaders and not (reuse and beton.exists()):
+        if "ffcv" in case_loaders and not (reuse and beton.exists()):
             log(f"{case}: writing {beton.name}")
             writes["ffcv"] = in_child(functools.partial(_write_ffcv, source, beton, "jpg" if case == "jpeg" else "raw",
                                                         threads), timeout=3600)
         readers = {"packloader": functools.partial(read_packloader, str(pack_path), batch_size, threads, epochs, crop),
+                   "packloader-whole": functools.partial(read_packloader, str(pack_path), batch_size, threads, epochs,
+                                                         crop, whole=True),
                    "ffcv": functools.partial(read_ffcv, str(beton), batch_size, threads, epochs, crop),
                    "dropin-pil": functools.partial(read_dropin_pil, str(pack_path), batch_size, threads, epochs, crop)}
-        names = [name for name in LOADERS if name in loaders]
+        names = [name for name in LOADERS if name in case_loaders]
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
         for r in range(rounds):
             for name in names[r % len(names):] + names[: r % len(names)]:
@@ -221,7 +240,7 @@ def run(source: Path, work: Path, *, rounds: int, epochs: int, batch_size: int, 
         for name in names:
             rates = [got[name] for got in per_round if got[name]]
             entry: dict[str, Any] = {"images_per_s": _stats(rates), "runs": runs[name]}
-            for base in ("ffcv", "dropin-pil"):
+            for base in RATIO_BASES:
                 if base in names:
                     entry[f"ratio_to_{base}"] = _stats([got[name] / got[base] for got in per_round
                                                         if got[name] and got[base]])
@@ -253,9 +272,9 @@ def markdown(results: dict[str, Any]) -> str:
             stats = entry["images_per_s"]
             rows.append([f"{case['case']} ({case['images'] or 0:,} images)", label(name, results.get("crop", "random")),
                          report.spread(stats) if stats["n"] else "error",
-                         _ratio(entry.get("ratio_to_ffcv")), _ratio(entry.get("ratio_to_dropin-pil"))])
+                         *(_ratio(entry.get(f"ratio_to_{base}")) for base in RATIO_BASES)])
     lines.append(report.table(["case", "loader", "images/s, median [min–max]", "× FFCV, per round",
-                               "× drop-in PIL, per round"], rows, left=2))
+                               "× drop-in PIL, per round", "× whole-image decoding, per round"], rows, left=2))
     lines.append("")
     for case in results["cases"]:
         for who, w in case["writes"].items():
@@ -273,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=1, help="measured epochs per run, after one warm-up epoch")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--threads", type=int, default=2, help="PackLoader threads, FFCV threads, DataLoader workers")
-    p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of {','.join(CASES)}")
+    p.add_argument("--cases", default=",".join(DEFAULT_CASES), help=f"comma-separated subset of {','.join(CASES)}")
     p.add_argument("--loaders", default=",".join(LOADERS), help=f"comma-separated subset of {','.join(LOADERS)}")
     p.add_argument("--crop", choices=CROPS, default="random",
                    help="random: RandomResizedCrop(224) + flip (training); center: CenterCrop(224) (validation)")

@@ -8,7 +8,9 @@
 #       the same packs (bench_train_crop_ffcv.py --crop center --reuse)
 #   (c) a training loop that holds the GIL half of each step (bench_gil.py), CenterCrop and
 #       RandomResizedCrop: PackLoader against itself with an idle loop, JPEGs one by one, batch_loader
-#   (d) PLACEHOLDER: a `keep` pack of the full-size photos, crop-only decoding against whole images
+#   (d) a `keep` pack of the full-size photos, RandomResizedCrop(224) + flip: PackLoader decoding only
+#       each crop's region against the same loader decoding whole images (bench_train_crop_ffcv.py
+#       --cases keep --loaders packloader,packloader-whole)
 #
 #   bash benchmarks/crop_first_all.sh                        # the record: about 15 min on 2 cores (estimated)
 #   CROP_FIRST_LIMIT=300 bash benchmarks/crop_first_all.sh   # smoke run: 300 photos, 1 round, short windows
@@ -76,12 +78,9 @@ for crop in center random; do
         "${GIL_TIMES[@]}" --json "$OUT/gil-$crop.json" | tee "$OUT/gil-$crop.md"
 done
 
-echo "== (d) PLACEHOLDER: not measured yet"
-# To be filled in with the decoder's switch between decoding only each crop's region and decoding
-# whole images: a `keep` pack of the full-size photos, read by PackLoader(crop=RandomResizedCrop(224),
-# flip=True) both ways, side by side in one run, written to $OUT/keep-crop.{md,json}. The pack:
-#   .venv-peers/bin/pack "$DATA" "$WORK/imagenet-keep.shards" --format shards --encoding keep --workers 2 --overwrite
-# (with CROP_FIRST_LIMIT, pack "$WORK/subset", which (a) made, instead of "$DATA").
+echo "== (d) keep pack: decoding only the crop against decoding whole images"
+"$PY" benchmarks/bench_train_crop_ffcv.py --data "$DATA" "${SUBSET[@]}" --cases keep \
+    --loaders packloader,packloader-whole --rounds "$ROUNDS" --out "$OUT/keep-crop" --work "$WORK"
 
 "$PY" - "$OUT" <<'EOF' | tee "$OUT/SUMMARY.md"
 import json, pathlib, sys
@@ -97,6 +96,8 @@ for crop in ("center", "random"):
     print(f"- (c) {crop} crop, loop holding the GIL 50 %: PackLoader keeps {ours['vs_fraction_0']:.2f}x its idle-loop "
           f"rate; {ours['images_per_s'] / rows[('packloader_per_image', 0.5)]['images_per_s']:.2f}x one by one, "
           f"{ours['images_per_s'] / rows[('batch_loader', 0.5)]['images_per_s']:.2f}x batch_loader")
-print("- (d) keep pack, crop-only against whole-image decoding: not measured yet")
+case = json.loads((out / "keep-crop" / "train-crop.json").read_text())["cases"][0]
+print(f"- (d) keep pack of the full-size photos, {case['images']:,} photos, RandomResizedCrop(224) + flip: "
+      f"decoding only the crop / whole images {span(case['loaders']['packloader']['ratio_to_packloader-whole'])}")
 EOF
-echo "Results: $OUT/ (SUMMARY.md, run.log, train-crop/, center-crop/, gil-*.md|json)"
+echo "Results: $OUT/ (SUMMARY.md, run.log, train-crop/, center-crop/, keep-crop/, gil-*.md|json)"

@@ -47,6 +47,18 @@ def test_runs_without_ffcv_and_reports_ratios(source, tmp_path):
         assert case["loaders"]["dropin-pil"]["ratio_to_dropin-pil"]["median"] == pytest.approx(1.0)
 
 
+def test_a_keep_pack_against_whole_image_decoding(source, tmp_path):
+    results = _run(source, tmp_path, "--cases", "keep", "--loaders", "packloader,packloader-whole,ffcv",
+                   "--limit", "9")
+    (case,) = results["cases"]
+    assert case["case"] == "keep" and case["images"] == 9 and case["pack"].endswith("imagenet-keep.shards")
+    assert set(case["loaders"]) == {"packloader", "packloader-whole"}, "FFCV has no keep pack"
+    assert set(case["writes"]) == {"packload"}
+    ratio = case["loaders"]["packloader"]["ratio_to_packloader-whole"]
+    assert ratio["n"] == 2 and ratio["median"] > 0
+    assert "whole-image decoding" in bench.markdown(results)
+
+
 def test_rejects_unknown_names(source, tmp_path):
     assert bench.main(["--data", str(source), "--out", str(tmp_path), "--loaders", "dali"]) == 2
 
