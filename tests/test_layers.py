@@ -9,6 +9,7 @@ import cycle, named module by module with the lines that close it.
 from __future__ import annotations
 
 import ast
+import warnings
 from itertools import pairwise
 from pathlib import Path
 
@@ -194,8 +195,9 @@ def describe(graph: Graph, cycle: list[str]) -> str:
 
 def test_no_import_cycles() -> None:
     graph = import_graph(modules())
-    for module, target in KNOWN_CYCLE_EDGES:
-        graph[module].pop(target, None)
+    for module, target in sorted(KNOWN_CYCLE_EDGES):
+        if graph.get(module, {}).pop(target, None) is None:  # fixed: say so, without failing
+            warnings.warn(f"KNOWN_CYCLE_EDGES: {module} no longer imports {target}; remove the entry", stacklevel=1)
     cycles = find_cycles(graph)
     assert not cycles, "import cycles:\n" + "\n".join(describe(graph, cycle) for cycle in cycles)
 
