@@ -28,3 +28,18 @@ def test_safe_lines_joins_printable_lines_and_writes_lone_surrogates_out() -> No
     out = safe_lines(["one\x1b]0;title\x07", "two \udcff", 3])
     assert out.split("\n") == ["one\\x1b]0;title\\x07", "two \\udcff", "3"]
     out.encode("utf-8")  # encodable: a lone surrogate would raise here
+
+
+def test_counts_read_right_for_one_and_for_many() -> None:
+    from packload.core.display import pack_phrase, plural
+
+    assert [plural(n, "image") for n in (0, 1, 2, 1234)] == ["0 images", "1 image", "2 images", "1,234 images"]
+    assert plural(1, "class") == "1 class" and plural(3, "class") == "3 classes"
+    assert plural(1, "batch") == "1 batch" and plural(2, "entry") == "2 entries" and plural(2, "key") == "2 keys"
+    assert plural(1, "retry") == "1 retry" and plural(4, "retry") == "4 retries"
+    assert plural(2.5, "core") == "2.5 cores" and plural(1.0, "thread") == "1 thread"
+    assert plural(1, "more class", "more classes") == "1 more class"
+    import numpy as np
+
+    assert plural(np.int64(1), "record") == "1 record" and plural(np.int64(10**6), "record") == "1,000,000 records"
+    assert pack_phrase("lmdb") == "an LMDB pack" and pack_phrase("shards") == "a shards pack"

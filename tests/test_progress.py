@@ -49,3 +49,31 @@ def test_pack_into_a_log_has_no_carriage_returns(tmp_path, capsys) -> None:
     err = capsys.readouterr().err  # pytest's capture is no terminal, as a CI log is not
     assert "\r" not in err
     assert "pack src: done 60/60 img" in err and "verify p.lmdb: done 60/60 rec" in err
+
+
+def test_a_bar_of_seconds_shows_no_rate_and_lines_of_their_own() -> None:
+    """The tuner counts its budget in seconds: "1 s/s" is no rate to show; a measurement gets a line
+    of its own, above a bar or among the plain lines, on the bar's file and nowhere when disabled."""
+    from packload.core.progress import progress_line
+
+    log = io.StringIO()
+    bar = progress_bar(total=10, desc="tune", unit="s", file=log)
+    progress_line(bar, "tune: #1 workers=0 prefetch=- pin=no: 120 img/s")
+    bar.n = 5
+    bar.set_postfix_str("#1 workers=0 prefetch=- pin=no: 120 img/s")
+    bar.close()
+    lines = log.getvalue().splitlines()
+    assert lines[0] == "tune: #1 workers=0 prefetch=- pin=no: 120 img/s"
+    assert lines[-1] == "tune: done 5/10 s (50%), #1 workers=0 prefetch=- pin=no: 120 img/s"
+    assert not any("s/s" in line for line in lines)
+    terminal = _Terminal()
+    progress_line(progress_bar(total=3, file=terminal, unit="s"), "one line")
+    assert "one line" in terminal.getvalue()
+    quiet = io.StringIO()
+    progress_line(progress_bar(total=3, file=quiet, disable=True), "nothing")
+    assert quiet.getvalue() == ""
+    counted = io.StringIO()
+    bar = progress_bar(total=4, unit="img", file=counted)
+    bar.update(4)
+    bar.close()
+    assert "img/s" in counted.getvalue()  # a count of things keeps its rate

@@ -42,3 +42,36 @@ def safe_lines(lines: Sequence[object]) -> str:
     """Lines for a terminal: each made one printable line (``terminal_safe``; lone surrogates, which
     no terminal encoding takes, written as ``\\udXXX``), then joined."""
     return "\n".join(terminal_safe(line).encode("utf-8", "backslashreplace").decode("utf-8") for line in lines)
+
+
+# -- counts and names in messages --------------------------------------------------------------------
+_IRREGULAR = {"class": "classes", "batch": "batches", "process": "processes", "index": "indices",
+              "entry": "entries", "directory": "directories", "bus": "buses"}
+
+
+def plural(count: float, word: str, many: str | None = None) -> str:
+    """``count`` and ``word`` as a message says them: ``1 image``, ``2 images``, ``1,024 records``,
+    ``1 class``, ``0 classes`` (``many``: the plural when it is not the usual one). Every count shown
+    to a user goes through here, so that no message says "1 images"."""
+    number = f"{int(count):,}" if float(count).is_integer() else f"{count:,.1f}"
+    if count == 1:
+        return f"{number} {word}"
+    if many is None:
+        many = _IRREGULAR.get(word) or (word[:-1] + "ies" if word.endswith("y") and word[-2:-1] not in "aeiou"
+                                        else word + ("es" if word.endswith(("s", "sh", "ch", "x")) else "s"))
+    return f"{number} {many}"
+
+
+_BACKEND_NAMES = {"lmdb": "LMDB", "shards": "shards"}
+
+
+def backend_name(backend: str) -> str:
+    """How a backend is written in a message: ``LMDB``, ``shards``."""
+    return _BACKEND_NAMES.get(backend, backend)
+
+
+def pack_phrase(backend: str) -> str:
+    """``an LMDB pack`` / ``a shards pack``: the article follows the sound of the name."""
+    name = backend_name(backend)
+    article = "an" if name[:1].lower() in "aeiou" or name == "LMDB" else "a"
+    return f"{article} {name} pack"

@@ -4,6 +4,8 @@ tqdm redraws its bar with carriage returns; written to a file or a CI log that b
 redraws. When stderr is not a terminal, ``progress_bar`` returns ``LineProgress`` instead, which
 prints one plain line each tenth of the way (and at least every ``LINE_SECONDS``) and one at the
 end. Every command shows progress through ``progress_bar``, so the choice is made in one place.
+A bar counting seconds (``unit="s"``: the tuner's budget) shows no rate, which would read "1 s/s";
+``progress_line`` prints a line of its own (one per measurement) above a bar or among the lines.
 """
 
 from __future__ import annotations
@@ -47,11 +49,13 @@ class LineProgress:
         done = f"{self.n:,.0f}/{self.total:,.0f}" if self.total else f"{self.n:,.0f}"
         share = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
         rate = (self.n - self._initial) / elapsed if elapsed > 0 else 0.0
+        # counting seconds, the count is the time: no rate ("1 s/s") and no second clock
+        timing = "" if self.unit == "s" else f", {rate:,.0f} {self.unit}/s, {elapsed:.0f} s"
         extra = f", {self.postfix}" if self.postfix else ""
         word = "done" if final else "at"
         out = self.file or sys.stderr
-        print(f"{self.desc + ': ' if self.desc else ''}{word} {done} {self.unit}{share}, "
-              f"{rate:,.0f} {self.unit}/s, {elapsed:.0f} s{extra}", file=out, flush=True)
+        print(f"{self.desc + ': ' if self.desc else ''}{word} {done} {self.unit}{share}{timing}{extra}", file=out,
+              flush=True)
         self._last_time, self._last_step = time.monotonic(), self._step()
 
     def _maybe_line(self) -> None:
@@ -70,6 +74,10 @@ class LineProgress:
         self.postfix = terminal_safe(text)
         if refresh:
             self._maybe_line()
+
+    def write(self, text: str) -> None:
+        """Print ``text`` as a line of its own (a result worth one line each, not a tenth's count)."""
+        print(terminal_safe(text), file=self.file or sys.stderr, flush=True)
 
     def close(self) -> None:
         """Print the last line (once)."""
@@ -99,6 +107,9 @@ class _Silent(LineProgress):
     def _line(self, final: bool = False) -> None:
         pass
 
+    def write(self, text: str) -> None:
+        pass
+
 
 def progress_bar(iterable: Iterable[Any] | None = None, *, disable: bool = False, file: IO[str] | None = None,
                  **options: Any) -> Any:
@@ -111,3 +122,12 @@ def progress_bar(iterable: Iterable[Any] | None = None, *, disable: bool = False
     if isatty is not None and isatty():
         return tqdm(iterable, file=out, **options)
     return LineProgress(iterable, file=out, **options)
+
+
+def progress_line(bar: Any, text: str) -> None:
+    """``text`` as one line of ``bar``'s progress: above a tqdm bar (on the bar's own file, never
+    stdout), as a plain line in a log, nowhere when progress is off."""
+    if isinstance(bar, tqdm):
+        bar.write(terminal_safe(text), file=bar.fp)
+    else:
+        bar.write(text)
