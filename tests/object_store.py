@@ -8,6 +8,11 @@ connection mid-read).
         store.options                     # fsspec storage_options pointing at the proxy
         store.proxy.requests              # [(method, path, range header), ...] seen so far
         store.proxy.cut_next(2, "GET", "/bkt/p.shards/shard-")  # cut the next 2 such answers
+        store.proxy.stall_next(1, "GET", "/bkt/p.shards/shard-")  # never answer the next one
+        store.proxy.stall_next(1, "GET", "/bkt/p.shards/shard-", after=100)  # 100 bytes of it, then nothing
+
+A stalled answer holds its connection open, sending nothing more, until ``release_stalls()`` (or
+the proxy's close): the store that never answers, and the one that stops halfway.
 """
 
 from __future__ import annotations
@@ -102,6 +107,9 @@ class CountingProxy:
         self.delay_s = delay_s
         self.requests: list[tuple[str, str, str]] = []
         self._cuts: list[list[Any]] = []  # [count left, method, path prefix]
+        self._stalls: list[list[Any]] = []  # [count left, method, path prefix, bytes sent first or None]
+        self._released = threading.Event()
+        self.stalled = 0  # answers stalled so far
         self._lock = threading.Lock()
         proxy = self
 
@@ -132,6 +140,30 @@ class CountingProxy:
         with self._lock:
             self._cuts.append([count, method, path_prefix])
 
+    def stall_next(self, count: int, method: str, path_prefix: str, after: int | None = None) -> None:
+        """Stall the next ``count`` answers to requests ``method`` of a path starting with
+        ``path_prefix``: nothing at all (``after`` None: the request is read, no answer comes), or
+        the status, headers and the first ``after`` bytes of the body, then nothing. The connection
+        stays open until ``release_stalls`` or ``close``."""
+        with self._lock:
+            self._stalls.append([count, method, path_prefix, after])
+
+    def release_stalls(self) -> None:
+        """Let every stalled answer go (its connection is closed), and forget the stalls not used yet."""
+        with self._lock:
+            released, self._released = self._released, threading.Event()
+            self._stalls = []
+        released.set()
+
+    def _should_stall(self, method: str, path: str) -> tuple[bool, int | None, threading.Event]:
+        with self._lock:
+            for stall in self._stalls:
+                if stall[0] > 0 and method == stall[1] and path.startswith(stall[2]):
+                    stall[0] -= 1
+                    self.stalled += 1
+                    return True, stall[3], self._released
+        return False, None, self._released
+
     def _should_cut(self, method: str, path: str) -> bool:
         with self._lock:
             for cut in self._cuts:
@@ -155,6 +187,11 @@ class CountingProxy:
             time.sleep(self.delay_s)
         length = int(handler.headers.get("Content-Length") or 0)
         body = handler.rfile.read(length) if length else None
+        stall, after, released = self._should_stall(method, path)
+        if stall and after is None:  # the request was read; no answer comes
+            released.wait()
+            handler.close_connection = True
+            return
         headers = {k: v for k, v in handler.headers.items() if k.lower() not in _HOP_HEADERS}
         upstream = http.client.HTTPConnection(*self.upstream, timeout=60)
         try:
@@ -167,16 +204,24 @@ class CountingProxy:
             else:
                 data = None  # streamed below, as it arrives
             cut = self._should_cut(method, path) and int(size) > 1 and method != "HEAD"
+            if stall and method != "HEAD":
+                cut = False
             handler.send_response(answer.status, answer.reason)
             for key, value in answer.getheaders():
                 if key.lower() not in _HOP_HEADERS and key.lower() != "content-length":
                     handler.send_header(key, value)
             # A HEAD answer's length is the object's, not its (empty) body's.
             handler.send_header("Content-Length", size)
-            if cut:
+            if cut or stall:
                 handler.send_header("Connection", "close")
             handler.end_headers()
             if method == "HEAD":
+                return
+            if stall:  # the first bytes, then nothing until released
+                self._relay(handler, answer, data, min(int(size), after or 0))
+                handler.wfile.flush()
+                released.wait()
+                handler.close_connection = True
                 return
             self._relay(handler, answer, data, int(size) // 2 if cut else int(size))
         finally:
@@ -204,6 +249,7 @@ class CountingProxy:
             count -= got
 
     def close(self) -> None:
+        self.release_stalls()
         self.server.shutdown()
         self.server.server_close()
 

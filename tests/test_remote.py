@@ -134,3 +134,87 @@ def test_an_http_status_in_the_chain_is_read():
     assert "access denied" in str(remote_error(ClientResponseError(403), "https://host/x"))
     assert "no credentials" in str(remote_error(ClientResponseError(401), "https://host/x"))
     assert "did not answer" in str(remote_error(ClientResponseError(503), "https://host/x"))
+
+
+def test_display_url_hides_credentials_and_signatures():
+    from packload.core.urls import REDACTED, display_url, redact_text
+
+    signed = ("https://bkt.s3.amazonaws.com/p.lmdb?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIAEXAMPLE"
+              "%2F20261205%2Fus-east-1%2Fs3%2Faws4_request&X-Amz-Signature=deadbeef&X-Amz-Expires=600")
+    shown = display_url(signed)
+    assert "AKIAEXAMPLE" not in shown and "deadbeef" not in shown
+    assert shown.startswith("https://bkt.s3.amazonaws.com/p.lmdb?X-Amz-Algorithm=" + REDACTED)
+    assert display_url("https://user:hunter2@host/x.lmdb") == "https://host/x.lmdb"
+    assert display_url("s3://bkt/p.shards") == "s3://bkt/p.shards"  # nothing to hide: as given
+    assert "s3cr3t" not in display_url("gs://b/x#access_token=s3cr3t")
+    assert "pw" not in display_url("simplecache::https://u:pw@host/x?sig=1")
+    text = f"Client error for url '{signed}': 403 Forbidden; sig=abc123 token=xyz"
+    assert not any(word in redact_text(text) for word in ("AKIAEXAMPLE", "deadbeef", "abc123", "xyz"))
+    assert "403 Forbidden" in redact_text(text)
+
+
+def test_errors_show_the_url_without_its_secrets():
+    url = "https://user:hunter2@host/p.lmdb?X-Amz-Signature=deadbeef"
+    error = ConnectionResetError(f"reset while reading {url}")
+    text = str(remote_error(error, url))
+    assert "hunter2" not in text and "deadbeef" not in text and "https://host/p.lmdb?" in text
+    assert "deadbeef" not in repr(RemoteStore(url))
+
+
+class _Clock:
+    """A virtual clock for ``remote.time``: sleeping advances it, and so does each attempt."""
+
+    def __init__(self, step: float) -> None:
+        self.now = 0.0
+        self.step = step
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_retries_stop_once_their_time_is_used_up(monkeypatch):
+    """Each attempt here takes 3 virtual seconds; attempts stop starting once the budget is past."""
+    clock = _Clock(3.0)
+    monkeypatch.setattr(remote, "time", clock)
+    calls = []
+
+    def slow_timeout():
+        calls.append(clock.now)
+        clock.now += clock.step
+        raise TimeoutError("read timed out")
+
+    with pytest.raises(PackloadError, match=r"did not answer after 2 attempt\(s\) in 6 s") as info:
+        retried(slow_timeout, "s3://b/x", until=5.0, timeout=3.0)
+    assert calls == [0.0, 3.2] and "PACKLOAD_TIMEOUT" in str(info.value)
+
+
+def test_a_timeout_asks_whether_the_endpoint_refuses(monkeypatch):
+    """A deadline passed while the client retried a refused connection on its own: said as such."""
+    monkeypatch.setattr(remote, "RETRY_PAUSE", 0.001)
+    probes = []
+
+    def probe():
+        probes.append(1)
+        return ConnectionRefusedError(111, "Connection refused")
+
+    def stalled():
+        raise TimeoutError()
+
+    with pytest.raises(PackloadError, match="could not connect"):
+        retried(stalled, "s3://b/x", probe=probe)
+    assert probes == [1]
+
+
+def test_the_timeout_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("PACKLOAD_TIMEOUT", "2.5")
+    assert remote.request_timeout() == 2.5 and RemoteStore("s3://b/x").timeout == 2.5
+    assert RemoteStore("s3://b/x", timeout=7).timeout == 7
+    for bad in ("0", "-3", "soon", "inf"):
+        monkeypatch.setenv("PACKLOAD_TIMEOUT", bad)
+        with pytest.raises(UsageError, match="PACKLOAD_TIMEOUT") as info:
+            remote.request_timeout()
+        assert "\n" not in str(info.value)
+    assert remote.attempt_deadline(10.0, 8 << 20) == 18.0  # a second more per MiB moved

@@ -6,10 +6,27 @@ connection drops and checked for their length, whole downloads by many ranged re
 uploads, listings, and the store's errors turned into packload's one-line errors. fsspec and the
 store's own package (s3fs, gcsfs) are imported only when a URL is used; without them the error
 names the extra to install.
+
+Every request has a deadline. One attempt may take ``timeout`` seconds (``PACKLOAD_TIMEOUT``,
+default 20) plus one second for each MiB it moves (``MIN_RATE``), connecting and answering
+included: a store that never answers, or stalls halfway through an answer, is given up on then. All
+the attempts of one request together stop ``timeout`` seconds after the first attempt's deadline,
+so a request that cannot finish says so in one line in about twice the timeout (a little more
+for large transfers), whatever the store's client would otherwise wait.
+
+A listing notes each object's version (``tags``: S3's ETag, GCS's generation). A ranged read given
+that version is *pinned* to it: the store answers with those bytes or refuses (S3's ``If-Match``,
+GCS's ``generation``), and a refusal raises ``ObjectChangedError``: the object was replaced since
+it was listed, which a reader reports as its pack having changed, never as damage.
+
+URLs are shown through ``packload.core.urls.display_url`` (no credentials or signatures), in every
+message here and in the store clients' own words quoted in them (``redact_text``).
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 import re
 import socket
@@ -18,13 +35,17 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from packload.core.errors import PackloadError, UsageError, WriteError
+from packload.core.errors import PackChangedError, PackloadError, UsageError, WriteError
+from packload.core.urls import display_url, redact_text
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 # The extra of pyproject.toml that installs each scheme's filesystem.
 EXTRA_OF_SCHEME = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
-RETRIES = 5  # attempts of one request before its error is reported
+RETRIES = 5  # attempts of one request at most before its error is reported
 RETRY_PAUSE = 0.2  # seconds before the second attempt; doubled before each next one
+DEFAULT_TIMEOUT = 20.0  # seconds an attempt of a small request may take, connecting and answering
+TIMEOUT_VARIABLE = "PACKLOAD_TIMEOUT"
+MIN_RATE = 1 << 20  # bytes per second a large transfer must keep up: its attempt's deadline grows by its size
 DOWNLOAD_PIECE = 16 << 20  # bytes per ranged request of a whole download
 DOWNLOAD_THREADS = 16
 
@@ -52,6 +73,13 @@ class RemoteError(PackloadError):
 
 class RemoteMissingError(RemoteError, FileNotFoundError):
     """The object (or its bucket) is not there."""
+
+
+class ObjectChangedError(RemoteError, PackChangedError):
+    """A read pinned to an object's version found another version there (or none): the object was
+    replaced (or deleted) since it was listed."""
+
+
 
 
 # What each scheme's users set for credentials, and for another endpoint (an S3-compatible server,
@@ -125,18 +153,63 @@ def _is_refused(exc: BaseException) -> bool:
     return any(isinstance(item, ConnectionRefusedError | socket.gaierror) for item in _causes(exc))
 
 
+def _is_timeout(exc: BaseException) -> bool:
+    """A deadline passed: ours (``asyncio``'s, fsspec's), a socket's, or the client's own (botocore's
+    ``ReadTimeoutError`` and the like)."""
+    return any(isinstance(item, TimeoutError) or "Timeout" in type(item).__name__ for item in _causes(exc))
+
+
+def _is_precondition_failed(exc: BaseException) -> bool:
+    """The store refused a read pinned to a version (HTTP 412: S3's ``If-Match`` did not hold)."""
+    for item in _causes(exc):
+        response = getattr(item, "response", None)
+        if isinstance(response, dict):
+            error = response.get("Error") or {}
+            status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+            if error.get("Code") == "PreconditionFailed" or status == 412:
+                return True
+    return _http_status(exc) == 412
+
+
+def request_timeout(timeout: float | None = None) -> float:
+    """Seconds one attempt of a small request may take: ``timeout`` when given, else
+    ``$PACKLOAD_TIMEOUT``, else ``DEFAULT_TIMEOUT``."""
+    text = os.environ.get(TIMEOUT_VARIABLE, "").strip() if timeout is None else str(timeout)
+    if not text:
+        return DEFAULT_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        where = f"{TIMEOUT_VARIABLE}={text!r}" if timeout is None else f"timeout {text}"
+        raise UsageError(f"{where}: give the seconds a request to the object store may take, more than 0, "
+                         f"for example {DEFAULT_TIMEOUT:g}")
+    return value
+
+
+def attempt_deadline(timeout: float, nbytes: int = 0) -> float:
+    """Seconds one attempt of a request moving ``nbytes`` may take: ``timeout``, plus a second for
+    each ``MIN_RATE`` bytes."""
+    return timeout + nbytes / MIN_RATE
+
+
 def _permanent(exc: BaseException) -> bool:
     """An error that another attempt would not cure."""
     return isinstance(exc, FileNotFoundError | PermissionError | IsADirectoryError | NotADirectoryError
                       | PackloadError | ValueError | TypeError) or _is_missing_credentials(exc) \
-        or _is_denied(exc) or _is_refused(exc)
+        or _is_denied(exc) or _is_refused(exc) or _is_precondition_failed(exc)
 
 
-def remote_error(exc: BaseException, url: str, writing: bool = False) -> PackloadError:
-    """Our one-line error for a failed request about ``url``, naming the fix."""
+def remote_error(exc: BaseException, url: str, writing: bool = False, attempts: int = RETRIES,
+                 seconds: float | None = None, timeout: float | None = None) -> PackloadError:
+    """Our one-line error for a failed request about ``url``, naming the fix (the URL and the
+    client's words shown without credentials). ``attempts`` made in ``seconds``, each allowed
+    ``timeout`` seconds (named when the last one ran out of time)."""
     if isinstance(exc, PackloadError):
         return exc
-    text = " ".join(str(exc).split())[:200] or type(exc).__name__
+    url = display_url(url)
+    text = redact_text(" ".join(str(exc).split()))[:200] or type(exc).__name__
     if _is_missing_credentials(exc):
         return RemoteError(f"{url}: no credentials for the object store, or they were refused ({text}); "
                            f"{credentials_hint(url)}")
@@ -152,23 +225,80 @@ def remote_error(exc: BaseException, url: str, writing: bool = False) -> Packloa
     if _is_refused(exc):
         return kind(f"{url}: could not connect to the object store ({type(exc).__name__}: {text}); "
                     f"{endpoint_hint(url)}")
-    return kind(f"{url}: the object store did not answer after {RETRIES} attempts ({type(exc).__name__}: {text}); "
-                f"{endpoint_hint(url)}, then retry")
+    took = f" in {seconds:.0f} s" if seconds is not None else ""
+    if _is_timeout(exc):
+        allowed = f"{timeout:g} s" if timeout is not None else f"{request_timeout():g} s"
+        return kind(f"{url}: the object store did not answer after {attempts} attempt(s){took} (each may take "
+                    f"{allowed}, and a second more per MiB moved); {endpoint_hint(url)}, then retry; on a slow "
+                    f"link raise {TIMEOUT_VARIABLE} (seconds)")
+    return kind(f"{url}: the object store did not answer after {attempts} attempt(s){took} "
+                f"({type(exc).__name__}: {text}); {endpoint_hint(url)}, then retry")
 
 
-def retried(call: Callable[[], T], url: str, writing: bool = False) -> T:
+def retried(call: Callable[[], T], url: str, writing: bool = False, *, until: float | None = None,
+            timeout: float | None = None, probe: Callable[[], BaseException | None] | None = None) -> T:
     """``call()``, again after a pause when it fails with an error a retry may cure (a dropped
-    connection, a timeout, a short read); our one-line error once the attempts are used up."""
+    connection, a deadline passed, a short read); our one-line error once the attempts are used up
+    or the time is: no attempt starts after ``until`` (a ``time.monotonic()``; default: twice the
+    request timeout from now). ``probe``, asked once after a deadline passed, says whether the
+    store's endpoint refuses connections (its error; None: it does not): a client that retries a
+    refused connection on its own for longer than the deadline then gets our "could not connect"."""
+    started = time.monotonic()
+    if until is None:
+        until = started + 2 * request_timeout(timeout)
     pause = RETRY_PAUSE
-    for attempt in range(RETRIES):
+    probed = probe is None
+    for attempt in range(1, RETRIES + 1):
         try:
             return call()
         except Exception as exc:  # noqa: BLE001 - the store's client raises many kinds; mapped below
-            if _permanent(exc) or attempt == RETRIES - 1:
-                raise remote_error(exc, url, writing) from None
+            if not probed and _is_timeout(exc):
+                probed = True
+                refused = probe()  # type: ignore[misc]
+                if refused is not None:
+                    raise remote_error(refused, url, writing, attempt, time.monotonic() - started, timeout) from None
+            out_of_time = time.monotonic() + pause >= until
+            if _permanent(exc) or attempt == RETRIES or out_of_time:
+                raise remote_error(exc, url, writing, attempt, time.monotonic() - started, timeout) from None
         time.sleep(pause)
         pause *= 2
     raise AssertionError("unreachable")
+
+
+def tag_of(item: dict[str, Any]) -> str | None:
+    """The version of a listed object, as a pinned read names it: ``generation:N`` (GCS) or
+    ``etag:"..."`` (S3 and others that give an ETag); None when the store gives neither."""
+    generation = item.get("generation")
+    if generation:
+        return f"generation:{generation}"
+    etag = item.get("ETag") or item.get("etag")
+    return f"etag:{etag}" if etag else None
+
+
+def content_matches_tag(tag: str | None, data: bytes, item: dict[str, Any] | None = None) -> bool | None:
+    """Whether ``data`` are the bytes of the object version ``tag`` (listed with ``item``) by their
+    MD5, where the store gives one (a single-part S3 upload's ETag, GCS's ``md5Hash``); None when
+    it cannot tell."""
+    md5 = hashlib.md5(data, usedforsecurity=False)
+    if item and isinstance(item.get("md5Hash"), str):
+        return base64.b64encode(md5.digest()).decode() == item["md5Hash"]
+    if tag and tag.startswith("etag:"):
+        etag = tag[5:].strip('"')
+        if re.fullmatch(r"[0-9a-f]{32}", etag):
+            return md5.hexdigest() == etag
+    return None
+
+
+async def _s3_pinned_get(fs: Any, path: str, start: int, stop: int, etag: str) -> bytes:
+    """Bytes ``start:stop`` of S3 object ``path`` if its ETag is still ``etag`` (``If-Match``)."""
+    bucket, key, version = fs.split_path(path)
+    extra = {"VersionId": version} if version else {}
+    answer = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{stop - 1}",
+                               IfMatch=etag, **extra)
+    try:
+        return bytes(await answer["Body"].read())
+    finally:
+        answer["Body"].close()
 
 
 class ShortReadError(OSError):
@@ -178,13 +308,19 @@ class ShortReadError(OSError):
 class RemoteStore:
     """One place on an object store: a prefix (a shards pack's folder) or one object (an LMDB pack).
 
-    Names are relative to it (``""`` is the place itself). Pickles as its URL and options: each
-    process opens its own connection on first use (an fsspec filesystem's event loop does not
+    Names are relative to it (``""`` is the place itself). ``timeout``: seconds one attempt of a
+    small request may take (``request_timeout``). ``tags``: the version of each object of the last
+    ``listing`` (``tag_of``), for reads pinned to them. Pickles as its URL, options and timeout:
+    each process opens its own connection on first use (an fsspec filesystem's event loop does not
     survive a fork)."""
 
-    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None,
+                 timeout: float | None = None) -> None:
         self.url = url.rstrip("/")
         self.storage_options = dict(storage_options or {})
+        self.timeout = request_timeout(timeout)
+        self.tags: dict[str, str] = {}
+        self.listed: dict[str, dict[str, Any]] = {}  # the last listing's own entries, by name
         self._fs: Any = None
         self._root = ""
         self._pid = 0
@@ -209,36 +345,127 @@ class RemoteStore:
         return self._root
 
     def url_of(self, name: str = "") -> str:
+        """The URL of ``name`` (to pass on; ``shown_of`` is the one to show)."""
         return f"{self.url}/{name}" if name else self.url
 
+    @property
+    def shown(self) -> str:
+        """This place's URL as it may be shown (``display_url``)."""
+        return display_url(self.url)
+
+    def shown_of(self, name: str = "") -> str:
+        """The URL of ``name`` as it may be shown."""
+        return display_url(self.url_of(name))
+
+    # -- requests under a deadline ----------------------------------------------------------
+    def _call(self, method: str, *args: Any, deadline: float, **kwargs: Any) -> Any:
+        """``fs.<method>(*args, **kwargs)``, given up after ``deadline`` seconds: an asynchronous
+        filesystem's coroutine runs on its loop under the deadline (cancelled when it passes); a
+        synchronous one (a local path) is called as it is."""
+        fs = self.fs
+        coroutine = getattr(fs, "_" + method, None)
+        if getattr(fs, "async_impl", False) and coroutine is not None:
+            return _on_loop(fs, deadline, coroutine, *args, **kwargs)
+        return getattr(fs, method)(*args, **kwargs)
+
+    def _request(self, method: str, *args: Any, where: str = "", nbytes: int = 0, writing: bool = False,
+                 check: Callable[[Any], Any] | None = None, **kwargs: Any) -> Any:
+        """``_call`` retried (``retried``) within this store's deadlines; ``check`` sees each answer
+        (and may raise ``ShortReadError`` to have it asked again); errors name ``where``."""
+        per_attempt = attempt_deadline(self.timeout, nbytes)
+        until = time.monotonic() + per_attempt + self.timeout
+
+        def attempt() -> Any:
+            left = max(until - time.monotonic(), 0.05)
+            answer = self._call(method, *args, deadline=min(per_attempt, left), **kwargs)
+            return check(answer) if check is not None else answer
+        return retried(attempt, self.url_of(where), writing, until=until, timeout=self.timeout, probe=self._probe)
+
+    def endpoint(self) -> str | None:
+        """The endpoint the filesystem talks to, where it names one (an S3-compatible server, a GCS
+        emulator); None for the cloud's own, which is not probed."""
+        fs = self.fs
+        options = getattr(fs, "client_kwargs", None) or {}
+        for value in (options.get("endpoint_url"), getattr(fs, "endpoint_url", None),
+                      os.environ.get("AWS_ENDPOINT_URL") if _family(self.url) == "s3" else None,
+                      getattr(fs, "_location", None) if _family(self.url) == "gs" else None):
+            if isinstance(value, str) and "://" in value:
+                return value
+        return None
+
+    def _probe(self) -> BaseException | None:
+        """The error of a connection to the endpoint (a refused one, an unknown host), or None when it
+        connects, cannot be told, or is the cloud's own."""
+        endpoint = self.endpoint()
+        if endpoint is None:
+            return None
+        scheme, _, rest = endpoint.partition("://")
+        host_port = rest.split("/", 1)[0].rsplit("@", 1)[-1]
+        host, sep, port = host_port.rpartition(":")
+        if not sep or not port.isdigit():
+            host, port = host_port, "443" if scheme == "https" else "80"
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=min(3.0, self.timeout)).close()
+        except (ConnectionRefusedError, socket.gaierror) as exc:
+            return exc
+        except OSError:
+            return None
+        return None
+
+    def _pinned(self, name: str, start: int, stop: int, tag: str | None) -> Any:
+        """A coroutine function and arguments reading bytes ``start:stop`` of ``name`` pinned to the
+        version ``tag`` where the store can be asked so; plain otherwise."""
+        fs = self.fs
+        path = self.full(name)
+        if tag and tag.startswith("etag:") and hasattr(fs, "_call_s3") and hasattr(fs, "split_path"):
+            return _s3_pinned_get, (fs, path, start, stop, tag[5:]), {}
+        if tag and tag.startswith("generation:") and _family(self.url) == "gs":
+            return fs._cat_file, (path,), {"start": start, "end": stop, "generation": tag[11:]}
+        return fs._cat_file, (path,), {"start": start, "end": stop}
+
+    # -- what is there ----------------------------------------------------------------------
     def kind(self) -> str | None:
         """``"folder"`` (a prefix holding objects), ``"object"``, or None when nothing is there."""
         def look() -> str | None:
-            fs = self.fs
             try:
-                info = fs.info(self.full())
+                info = self._call("info", self.full(), deadline=self.timeout)
             except FileNotFoundError:
                 return None
             return "folder" if info.get("type") == "directory" else "object"
-        return retried(look, self.url)
+        return retried(look, self.url, until=time.monotonic() + 2 * self.timeout, timeout=self.timeout,
+                       probe=self._probe)
 
     def size(self, name: str = "") -> int:
-        return int(retried(lambda: self.fs.info(self.full(name))["size"], self.url_of(name)))
+        return int(self.info(name)["size"])
 
     def info(self, name: str = "") -> dict[str, Any]:
-        return dict(retried(lambda: self.fs.info(self.full(name)), self.url_of(name)))
+        return dict(self._request("info", self.full(name), where=name))
 
     def listing(self) -> dict[str, int]:
-        """Every object directly under this prefix: name -> size (one listing request)."""
-        def ls() -> dict[str, int]:
+        """Every object directly under this prefix: name -> size (one listing request). Each one's
+        version goes to ``tags``."""
+        def ls() -> list[dict[str, Any]]:
             self.fs.invalidate_cache(self.full())
             try:
-                found = self.fs.ls(self.full(), detail=True)
+                return list(self._call("ls", self.full(), detail=True, deadline=self.timeout))
             except FileNotFoundError:
-                return {}
-            return {item["name"].rstrip("/").rsplit("/", 1)[-1]: int(item.get("size") or 0)
-                    for item in found if item.get("type") != "directory"}
-        return retried(ls, self.url)
+                return []
+        found = retried(ls, self.url, until=time.monotonic() + 2 * self.timeout, timeout=self.timeout,
+                       probe=self._probe)
+        sizes: dict[str, int] = {}
+        tags: dict[str, str] = {}
+        for item in found:
+            if item.get("type") == "directory":
+                continue
+            name = item["name"].rstrip("/").rsplit("/", 1)[-1]
+            sizes[name] = int(item.get("size") or 0)
+            tag = tag_of(item)
+            if tag:
+                tags[name] = tag
+        self.tags = tags
+        self.listed = {item["name"].rstrip("/").rsplit("/", 1)[-1]: item for item in found
+                       if item.get("type") != "directory"}
+        return sizes
 
     def listing_top(self) -> tuple[dict[str, int], list[str]]:
         """The first level under this prefix, in one listing request: its objects (name -> size) and
@@ -247,7 +474,7 @@ class RemoteStore:
             root = self.full().rstrip("/")
             self.fs.invalidate_cache(root)
             try:
-                found = self.fs.ls(root, detail=True)
+                found = self._call("ls", root, detail=True, deadline=self.timeout)
             except FileNotFoundError:
                 return {}, []
             files: dict[str, int] = {}
@@ -262,7 +489,8 @@ class RemoteStore:
                 else:
                     files[name] = int(item.get("size") or 0)
             return files, sorted(folders)
-        return retried(ls, self.url)
+        return retried(ls, self.url, until=time.monotonic() + 2 * self.timeout, timeout=self.timeout,
+                       probe=self._probe)
 
     def listing_all(self, name: str = "") -> dict[str, int]:
         """Every object under this prefix (or under its sub-prefix ``name``), at any depth: key
@@ -271,52 +499,72 @@ class RemoteStore:
             root = self.full(name)
             self.fs.invalidate_cache(root)
             try:
-                found = self.fs.find(root, detail=True)
+                found = self._call("find", root, detail=True, deadline=4 * self.timeout)
             except FileNotFoundError:
                 return {}
             cut = len(root) + 1
             return {path[cut:]: int(item.get("size") or 0) for path, item in found.items()
                     if item.get("type") != "directory" and not path.endswith("/") and len(path) > cut}
-        return retried(find, self.url_of(name))
+        return retried(find, self.url_of(name), until=time.monotonic() + 5 * self.timeout, timeout=self.timeout,
+                       probe=self._probe)
 
+    # -- reading ----------------------------------------------------------------------------
     def read_object(self, name: str) -> bytes:
         """The whole of the (small) object ``name``, in one request."""
-        return retried(lambda: bytes(self.fs.cat_file(self.full(name))), self.url_of(name))
+        return bytes(self._request("cat_file", self.full(name), where=name))
 
-    def copy_to(self, name: str, target: RemoteStore, target_name: str) -> None:
-        """Copy object ``name`` to ``target_name`` under ``target`` (on the same store) by the store's
-        own server-side copy: the bytes never pass through this machine."""
-        retried(lambda: self.fs.copy(self.full(name), target.full(target_name)), target.url_of(target_name),
-                writing=True)
+    def read_range(self, name: str, start: int, stop: int, tag: str | None = None) -> bytes:
+        """Bytes ``start:stop`` of object ``name``, exactly (a short answer is asked again); with
+        ``tag``, pinned to that version of it (``ObjectChangedError`` when it is not there now)."""
+        function, args, kwargs = self._pinned(name, start, stop, tag)
 
-    def read_range(self, name: str, start: int, stop: int) -> bytes:
-        """Bytes ``start:stop`` of object ``name``, exactly (a short answer is retried)."""
-        def read() -> bytes:
-            data = self.fs.cat_file(self.full(name), start=start, end=stop)
+        def attempt(deadline: float) -> bytes:
+            try:
+                if getattr(self.fs, "async_impl", False):
+                    data = _on_loop(self.fs, deadline, function, *args, **kwargs)
+                else:
+                    data = self.fs.cat_file(self.full(name), start=start, end=stop)
+            except Exception as exc:
+                if tag and (isinstance(exc, FileNotFoundError) or _is_precondition_failed(exc)):
+                    raise self.changed(name) from None
+                raise
             if len(data) != stop - start:
                 raise ShortReadError(f"{len(data)} bytes of {stop - start}")
             return bytes(data)
-        return retried(read, self.url_of(name))
+
+        per_attempt = attempt_deadline(self.timeout, stop - start)
+        until = time.monotonic() + per_attempt + self.timeout
+        return retried(lambda: attempt(min(per_attempt, max(until - time.monotonic(), 0.05))),
+                       self.url_of(name), until=until, timeout=self.timeout, probe=self._probe)
+
+    def changed(self, name: str) -> ObjectChangedError:
+        """The error of a pinned read of ``name`` that found another version there."""
+        return ObjectChangedError(f"{self.shown_of(name)}: replaced or deleted since it was listed")
 
     def read_head(self, name: str, limit: int) -> bytes:
         """The first ``limit`` bytes of object ``name`` (all of it, when it is shorter), in one
         request: an object read before its size is known (a manifest read while the folder is listed)."""
-        return retried(lambda: bytes(self.fs.cat_file(self.full(name), start=0, end=limit)), self.url_of(name))
+        # Its deadline is a small object's: the object is most often far shorter than the limit
+        # (a manifest), and one that is not is read again by its size, under its own deadline.
+        return bytes(self._request("cat_file", self.full(name), start=0, end=limit, where=name,
+                                   nbytes=min(limit, 1 << 20)))
 
-    def read_all(self, name: str, size: int) -> bytes:
-        """The whole of object ``name`` of ``size`` bytes, by ranged requests in flight at once."""
+    def read_all(self, name: str, size: int, tag: str | None = None) -> bytes:
+        """The whole of object ``name`` of ``size`` bytes, by ranged requests in flight at once
+        (pinned to version ``tag`` when given)."""
         if size <= DOWNLOAD_PIECE:
-            return self.read_range(name, 0, size) if size else b""
+            return self.read_range(name, 0, size, tag) if size else b""
         starts = list(range(0, size, DOWNLOAD_PIECE))
         with ThreadPoolExecutor(min(DOWNLOAD_THREADS, len(starts)), thread_name_prefix="packload-get") as pool:
-            pieces = pool.map(lambda s: self.read_range(name, s, min(size, s + DOWNLOAD_PIECE)), starts)
+            pieces = pool.map(lambda s: self.read_range(name, s, min(size, s + DOWNLOAD_PIECE), tag), starts)
             return b"".join(pieces)
 
-    def download(self, name: str, size: int, fd: int) -> None:
+    def download(self, name: str, size: int, fd: int, tag: str | None = None) -> None:
         """Write the whole of object ``name`` (``size`` bytes) into the open file ``fd``, by ranged
-        requests in flight at once (each piece written where it belongs as it arrives)."""
+        requests in flight at once (each piece written where it belongs as it arrives; pinned to
+        version ``tag`` when given)."""
         def piece(start: int) -> None:
-            data = self.read_range(name, start, min(size, start + DOWNLOAD_PIECE))
+            data = self.read_range(name, start, min(size, start + DOWNLOAD_PIECE), tag)
             os.pwrite(fd, data, start)
         starts = list(range(0, size, DOWNLOAD_PIECE))
         if not starts:
@@ -325,12 +573,20 @@ class RemoteStore:
             for _ in pool.map(piece, starts):
                 pass
 
+    # -- writing ----------------------------------------------------------------------------
+    def copy_to(self, name: str, target: RemoteStore, target_name: str, size: int = 0) -> None:
+        """Copy object ``name`` to ``target_name`` under ``target`` (on the same store) by the store's
+        own server-side copy: the bytes never pass through this machine."""
+        self._request("copy", self.full(name), target.full(target_name), where=name, nbytes=size // 16,
+                      writing=True)
+
     def upload(self, local: str | os.PathLike[str], name: str) -> None:
         """Copy the local file ``local`` to object ``name`` (whole, or not at all: retried)."""
-        retried(lambda: self.fs.put_file(os.fspath(local), self.full(name)), self.url_of(name), writing=True)
+        size = os.path.getsize(local)
+        self._request("put_file", os.fspath(local), self.full(name), where=name, nbytes=size, writing=True)
 
     def write_bytes(self, name: str, data: bytes) -> None:
-        retried(lambda: self.fs.pipe_file(self.full(name), data), self.url_of(name), writing=True)
+        self._request("pipe_file", self.full(name), data, where=name, nbytes=len(data), writing=True)
 
     def remove(self, names: list[str]) -> None:
         """Delete objects ``names`` (a missing one is no error)."""
@@ -338,76 +594,102 @@ class RemoteStore:
         if paths:
             def rm() -> None:
                 try:
-                    self.fs.rm(paths)
+                    self._call("rm", paths, deadline=self.timeout + len(paths) / 100)
                 except FileNotFoundError:
                     pass
-            retried(rm, self.url, writing=True)
+            retried(rm, self.url, True, until=time.monotonic() + 2 * self.timeout + len(paths) / 50,
+                    timeout=self.timeout, probe=self._probe)
 
     def check_bucket(self) -> None:
         """Fail with one line unless the place's bucket (the first path component) exists."""
         bucket = self.full().split("/", 1)[0]
         def look() -> None:
-            if not self.fs.exists(bucket):
+            if not self._call("exists", bucket, deadline=self.timeout):
                 raise FileNotFoundError(f"bucket {bucket} does not exist")
-        retried(look, self.url)
+        retried(look, self.url, until=time.monotonic() + 2 * self.timeout, timeout=self.timeout,
+                       probe=self._probe)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"url": self.url, "storage_options": self.storage_options, "_fs": None, "_root": "", "_pid": 0}
+        return {"url": self.url, "storage_options": self.storage_options, "timeout": self.timeout, "tags": self.tags,
+                "listed": {}, "_fs": None, "_root": "", "_pid": 0}
 
     def __repr__(self) -> str:
-        return f"RemoteStore({self.url!r})"
+        return f"RemoteStore({self.shown!r})"
+
+
+def _on_loop(fs: Any, deadline: float, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run the coroutine ``function(*args, **kwargs)`` on ``fs``'s event loop and wait for it at most
+    ``deadline`` seconds: then it is cancelled (its connection closed) and ``TimeoutError`` raised."""
+    import fsspec.asyn  # noqa: PLC0415 - optional: only URLs need it
+
+    return fsspec.asyn.sync(fs.loop, function, *args, timeout=deadline, **kwargs)
+
 
 
 def open_filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Any, str]:
     """The fsspec filesystem of ``url`` and the path in it; a one-line error naming the extra to
     install when fsspec or the scheme's package is missing. Options also come from the environment
     (``FSSPEC_S3_ENDPOINT_URL`` and the like, as fsspec reads them)."""
+    shown = display_url(url)
     try:
         import fsspec  # noqa: PLC0415 - optional: only URLs need it
     except ImportError:
-        raise UsageError(f"{url}: reading or writing URLs needs fsspec; install it with {install_hint(url)}") from None
+        raise UsageError(f"{shown}: reading or writing URLs needs fsspec; install it with {install_hint(url)}") from None
     try:
         fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
     except ImportError as exc:
-        raise UsageError(f"{url}: the {scheme_of(url)}:// scheme needs a package that is not installed "
+        raise UsageError(f"{shown}: the {scheme_of(url)}:// scheme needs a package that is not installed "
                          f"({' '.join(str(exc).split())[:120]}); install it with {install_hint(url)}") from None
     except ValueError as exc:
-        raise UsageError(f"{url}: not a URL fsspec knows ({exc}); give s3://bucket/path, gs://bucket/path, "
-                         "https://... or a local path") from None
+        raise UsageError(f"{shown}: not a URL fsspec knows ({redact_text(str(exc))}); give s3://bucket/path, "
+                         "gs://bucket/path, https://... or a local path") from None
     return fs, path.rstrip("/")
 
 
 def download_pack(url: str, folder: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> str:
     """Copy the whole pack at ``url`` into ``folder`` (each object by ranged requests in flight at
-    once; a shards pack's manifest last) and return the local pack's path, for the commands that
-    read every byte anyway (``verify``, ``unpack``, ``merge``)."""
+    once, pinned to the version listed first; a shards pack's manifest last) and return the local
+    pack's path, for the commands that read every byte anyway (``verify``, ``unpack``, ``merge``).
+    A pack replaced while it is copied is refused (``PackChangedError``), never copied half and half."""
     from packload.core.errors import IncompletePackError  # noqa: PLC0415 - beside its only use
     from packload.core.format import INDEX_NAME, MANIFEST_NAME, shard_number  # noqa: PLC0415
 
     store = RemoteStore(url, storage_options)
-    name = store.url.rsplit("/", 1)[-1] or "pack"
+    name = url_name(store.url) or "pack"
     kind = store.kind()
     if kind is None:
         store.check_bucket()
-        raise RemoteMissingError(f"{url}: no such pack (nothing is stored under it); give the URL `pack` wrote to")
+        raise RemoteMissingError(f"{store.shown}: no such pack (nothing is stored under it); give the URL `pack` "
+                                 "wrote to")
     target = os.path.join(os.fspath(folder), name)
-    if kind == "object":
-        _download_to(store, "", store.size(), target)
-        return target
-    listing = store.listing()
-    if MANIFEST_NAME not in listing:
-        raise IncompletePackError(f"{url}: no {MANIFEST_NAME}: this pack did not finish (or is being written now); "
-                                  "pack it again, or wait for the pack to finish")
-    os.mkdir(target)
-    wanted = sorted(n for n in listing if shard_number(n) is not None or n == INDEX_NAME) + [MANIFEST_NAME]
-    for item in wanted:
-        _download_to(store, item, listing[item], os.path.join(target, item))
+    try:
+        if kind == "object":
+            info = store.info()
+            _download_to(store, "", int(info["size"]), target, tag_of(info))
+            return target
+        listing = store.listing()
+        if MANIFEST_NAME not in listing:
+            raise IncompletePackError(f"{store.shown}: no {MANIFEST_NAME}: this pack did not finish (or is being "
+                                      "written now); pack it again, or wait for the pack to finish")
+        os.mkdir(target)
+        wanted = sorted(n for n in listing if shard_number(n) is not None or n == INDEX_NAME) + [MANIFEST_NAME]
+        for item in wanted:
+            _download_to(store, item, listing[item], os.path.join(target, item), store.tags.get(item))
+    except ObjectChangedError as exc:
+        raise PackChangedError(f"{store.shown}: the pack changed while it was copied ({exc}); run the command "
+                               "again once it is written") from None
     return target
 
 
-def _download_to(store: RemoteStore, name: str, size: int, path: str) -> None:
+def url_name(url: str) -> str:
+    """The last component of ``url``'s path (no query string or fragment): the name a local copy takes."""
+    path = url.split("://", 1)[-1].split("?", 1)[0].split("#", 1)[0].rstrip("/")
+    return path.rsplit("/", 1)[-1] if "/" in path else ""
+
+
+def _download_to(store: RemoteStore, name: str, size: int, path: str, tag: str | None = None) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
     try:
-        store.download(name, size, fd)
+        store.download(name, size, fd, tag)
     finally:
         os.close(fd)
