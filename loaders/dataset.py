@@ -66,7 +66,8 @@ class PackedImageFolder(Dataset):
             ``gs://``, ``https://``, any fsspec URL): the local folder fetched bytes are kept in
             (default ``~/.cache/packload``), the most bytes it may hold (default
             ``$PACKLOAD_CACHE_LIMIT`` or 20 GiB), and fsspec's options (an endpoint, credentials).
-            See docs/OBJECT_STORES.md.
+            See docs/OBJECT_STORES.md. ``timeout``: seconds a request to the store may wait for its
+            answer before it is retried or given up (default ``$PACKLOAD_TIMEOUT`` or 20).
         decode_threads: threads that decode a batch asked for with ``__getitems__`` (as a
             DataLoader does) outside DataLoader workers, e.g. with ``num_workers=0`` (None: one per
             usable core; 1: the calling thread). Transforms still run in order in the calling thread.
@@ -78,7 +79,8 @@ class PackedImageFolder(Dataset):
                  verify: bool = False, on_error: str = "raise", fast_jpeg: bool = True,
                  parallel_reads: bool | None = None, source_root: str | os.PathLike[str] | None = None,
                  cache_dir: str | os.PathLike[str] | None = None, cache_limit: int | None = None,
-                 storage_options: dict[str, Any] | None = None, decode_threads: int | None = None) -> None:
+                 storage_options: dict[str, Any] | None = None, decode_threads: int | None = None,
+                 timeout: float | None = None) -> None:
         if output not in OUTPUTS:
             raise ValueError(f"unknown output {output!r}; choose one of {', '.join(OUTPUTS)}")
         if on_error not in ON_ERROR:
@@ -86,7 +88,8 @@ class PackedImageFolder(Dataset):
         self.root: Path | str = str(root).rstrip("/") if is_url(root) else Path(root)
         # Where a pack at a URL is cached; each process's reader is opened with them.
         self._remote_options: dict[str, Any] = {"cache_dir": cache_dir, "cache_limit": cache_limit,
-                                                "storage_options": storage_options} if is_url(root) else {}
+                                                "storage_options": storage_options,
+                                                "timeout": timeout} if is_url(root) else {}
         # What ``samples`` joins each record's relative path to, as ImageFolder joins its root.
         self.source_root = str(root if source_root is None else source_root)
         self.transform = transform

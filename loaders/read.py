@@ -30,6 +30,7 @@ from packload.core.format import INDEX_ENTRY, MANIFEST_NAME, PAYLOAD_FORMATS, ch
 from packload.core.manifest import MANIFEST_LIMIT
 from packload.core.remote import RemoteStore, is_url
 from packload.core.storage import reads_wait
+from packload.core.urls import display_url
 from packload.loaders.prefetch import ParallelFetcher, Prefetcher, cut, distinct
 from packload.loaders.read_cache import BlockCache
 from packload.loaders.read_lmdb import LmdbPack
@@ -66,7 +67,7 @@ class PackReader:
     def __init__(self, path: str | os.PathLike[str], check_index: bool = False,
                  parallel_reads: bool | None = None, *, cache_dir: str | os.PathLike[str] | None = None,
                  cache_limit: int | None = None, block_size: int = DEFAULT_BLOCK_SIZE,
-                 storage_options: dict[str, Any] | None = None) -> None:
+                 storage_options: dict[str, Any] | None = None, timeout: float | None = None) -> None:
         """``check_index``: compare the index with the manifest's sha256 before trusting it (what
         ``verify=True`` readers do, so a damaged label, offset or orientation is an error too).
         ``parallel_reads``: fetch from 16 threads at once (True), never (False), or where each read
@@ -75,9 +76,11 @@ class PackReader:
         ``path`` may be a URL (``s3://bucket/train.shards``, ``gs://``, ``https://``, any fsspec
         URL): a shards pack is then read in ranged requests of ``block_size`` bytes through the
         local cache folder ``cache_dir`` (at most ``cache_limit`` bytes; ``loaders.read_cache``), an
-        LMDB pack fetched whole into it first. ``storage_options`` go to fsspec (an endpoint, keys)."""
+        LMDB pack fetched whole into it first. ``storage_options`` go to fsspec (an endpoint, keys);
+        ``timeout``: seconds a request to the store may wait for its answer (default
+        ``$PACKLOAD_TIMEOUT`` or 20; see ``packload.core.remote``)."""
         if is_url(path):
-            self._open_remote(str(path), check_index, cache_dir, cache_limit, block_size, storage_options)
+            self._open_remote(str(path), check_index, cache_dir, cache_limit, block_size, storage_options, timeout)
             return
         self.remote = False
         self.path = Path(path)
@@ -110,19 +113,21 @@ class PackReader:
             raise
 
     def _open_remote(self, url: str, check_index: bool, cache_dir: str | os.PathLike[str] | None,
-                     cache_limit: int | None, block_size: int, storage_options: dict[str, Any] | None) -> None:
+                     cache_limit: int | None, block_size: int, storage_options: dict[str, Any] | None,
+                     timeout: float | None = None) -> None:
         """``__init__`` for a URL: a shards pack read through the cache, or an LMDB pack fetched into it."""
         self.remote = True
-        self.path = url.rstrip("/")  # type: ignore[assignment]  # a URL is no local Path
+        # A URL is no local Path; shown as it may be shown (no credentials, no signature).
+        self.path = display_url(url.rstrip("/"))  # type: ignore[assignment]
         if self.path.endswith(".partial"):
-            raise IncompletePackError(f"{url}: an unfinished pack; pack it again")
+            raise IncompletePackError(f"{self.path}: an unfinished pack; pack it again")
         self.pid = os.getpid()
         self.closed = False
         self._pack = None
         self._prefetcher = None
         self.parallel_reads = True
         self._fetcher = ParallelFetcher(0)  # the remote pack fetches with threads of its own
-        store = RemoteStore(self.path, storage_options)
+        store = RemoteStore(url, storage_options, timeout)
         cache = BlockCache(cache_dir, cache_limit)
         try:
             # One listing tells a shards pack (its folder holds a manifest) without asking what the

@@ -29,6 +29,7 @@ from packload.core.format import (
 from packload.core.manifest import ignored_count, skipped_count
 from packload.core.progress import progress_bar
 from packload.core.remote import download_pack, is_url
+from packload.core.urls import display_url
 from packload.loaders.decode import decode_pil
 from packload.loaders.read import PackReader
 
@@ -176,7 +177,7 @@ def verify(path: str | os.PathLike[str], decode: bool = False, progress: bool = 
     if is_url(path):
         with tempfile.TemporaryDirectory(prefix="packload-verify-") as folder:
             report = verify(download_pack(str(path), folder), decode, progress)
-        return dict(report, path=str(path).rstrip("/"))
+        return dict(report, path=display_url(str(path).rstrip("/")))
     with PackReader(path) as reader:
         damaged_files = file_problems(reader) + manifest_problems(reader)
         bad = []
