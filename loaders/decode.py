@@ -9,7 +9,9 @@ size (``Image.draft``), much faster when the images are larger than the training
 
 The stored format code is not trusted: a pack may come from anyone. PIL opens a payload only as one
 of the formats packload decodes (``packer.format.DECODABLE``; never EPS, whose plugin runs
-Ghostscript), and libjpeg-turbo sees only payloads that start like a JPEG.
+Ghostscript), and libjpeg-turbo sees only payloads that start like a JPEG. A JPEG of more scans than
+``MAX_JPEG_SCANS`` is refused before either decoder sees it (its scans alone would take seconds to
+minutes), with the error an undecodable record gets.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 from PIL import Image
 
 from packload.core.errors import PackFormatError
+from packload.core.jpeg_scans import TooManyScansError, scans_reason, too_many_scans
 from packload.core.probe import NotDecodableError, open_image
 
 try:  # a dependency, absent only where the platform has no wheel for it
@@ -43,7 +46,8 @@ JPEG_START = b"\xff\xd8\xff"  # start of image, then the first marker
 _JPEG_START = JPEG_START
 
 
-DECODE_ERRORS = (Image.DecompressionBombError, OSError, ValueError, SyntaxError)  # what decoders raise
+# What decoders raise; a JPEG of too many scans (TooManyScansError, a ValueError) is among them.
+DECODE_ERRORS = (Image.DecompressionBombError, OSError, ValueError, SyntaxError)
 
 
 def decode_failure(exc: BaseException, where: str) -> PackFormatError:
@@ -51,6 +55,8 @@ def decode_failure(exc: BaseException, where: str) -> PackFormatError:
     if isinstance(exc, Image.DecompressionBombError):
         return PackFormatError(f"{where}: {exc}; if the image is genuine, raise PIL.Image.MAX_IMAGE_PIXELS on "
                                "purpose before reading")
+    if isinstance(exc, TooManyScansError):
+        return PackFormatError(f"{where}: {exc}")
     if isinstance(exc, NotDecodableError) and exc.format is not None:  # an image, of a format not decoded
         return PackFormatError(f"{where}: {exc}, so it is refused; convert the source image (to PNG, say) "
                                "and pack again")
@@ -132,7 +138,8 @@ def decode_pil(payload: memoryview | bytes, fmt: str, width: int, height: int,
     if fmt == "raw":
         image = Image.frombytes("RGB", (width, height), bytes(payload))
     else:
-        image = open_image(payload)  # whatever the stored format says: only the formats packload decodes
+        image = open_image(payload)  # whatever the stored format says: only the formats packload decodes,
+        # never a JPEG of too many scans
         _check_size(image.height, image.width, height, width)
         if decode_size is not None and image.format == "JPEG":
             height_min, width_min = _stored_size(decode_size, orientation)
@@ -153,6 +160,8 @@ def decode_array(payload: memoryview | bytes, fmt: str, mode: str, width: int, h
         return raw_array(payload, width, height).copy()
     if fmt in ("JPEG", "MPO") and fast_jpeg and simplejpeg is not None and mode in _SIMPLEJPEG_MODES \
             and orientation not in _TRANSPOSE and payload[:3] == _JPEG_START:
+        if too_many_scans(payload):  # before libjpeg-turbo spends minutes on it
+            raise TooManyScansError(scans_reason())
         min_h, min_w = decode_size if decode_size is not None else (0, 0)
         try:
             header = simplejpeg.decode_jpeg_header(payload)[:2]

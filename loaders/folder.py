@@ -15,6 +15,7 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
+from packload.core.jpeg_scans import TooManyScansError
 from packload.core.probe import NotDecodableError, open_image
 from packload.core.safe_files import read_regular
 from packload.core.scan import scan_folder
@@ -53,8 +54,8 @@ class FolderImages(Dataset):
         if self.output == "pil":
             try:
                 image = open_image(data).convert("RGB")
-            except NotDecodableError as exc:
-                raise NotDecodableError(f"{path}: {exc}; convert it or remove it from the folder") from None
+            except (NotDecodableError, TooManyScansError) as exc:
+                raise type(exc)(f"{path}: {exc}; convert it or remove it from the folder") from None
         if self.transform is not None:
             image = self.transform(image)
         if self.target_transform is not None:

@@ -12,8 +12,6 @@ import io
 import os
 import warnings
 import zlib
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from stat import S_ISREG
 
@@ -27,6 +25,7 @@ except ImportError:  # pragma: no cover - PIL does everything without it
 
 from packload.core import resize_kernel
 from packload.core.format import ENCODINGS, RAW_CHANNELS
+from packload.core.jpeg_scans import TooManyScansError, scans_reason, too_many_scans
 from packload.core.probe import EXIF_ORIENTATION, BombError, ImageHeader, NotDecodableError, open_image, probe
 from packload.core.safe_files import (
     FileChangedError,
@@ -49,7 +48,7 @@ class EncodeOptions:
     quality: int = 90  # JPEG quality for encoding="jpeg"
     max_side: int | None = None  # shrink so the longer side is at most this (jpeg, png, raw)
     size: tuple[int, int] | None = None  # (height, width) to resize to exactly (raw)
-    max_pixels: int | None = None  # raise PIL's decompression-bomb limit on purpose
+    max_pixels: int | None = None  # the decompression-bomb limit, raised on purpose (None: PIL's own)
 
     def __post_init__(self) -> None:
         if self.encoding not in ENCODINGS:
@@ -93,20 +92,6 @@ class Skipped:
 
     path: str
     reason: str
-
-
-@contextmanager
-def _pixel_limit(max_pixels: int | None) -> Iterator[None]:
-    """Raise PIL's decompression-bomb limit for the duration, when the user asked for it."""
-    if max_pixels is None:
-        yield
-        return
-    saved = Image.MAX_IMAGE_PIXELS
-    Image.MAX_IMAGE_PIXELS = max_pixels
-    try:
-        yield
-    finally:
-        Image.MAX_IMAGE_PIXELS = saved
 
 
 def truncation_problem(data: bytes, pil_format: str | None) -> str | None:
@@ -309,6 +294,8 @@ def encode_data(sample: Sample, data: bytes, options: EncodeOptions) -> Encoded 
     store); any problem with them becomes ``Skipped``, with the reason ``encode_file`` gives."""
     if not data:
         return Skipped(sample.path, "empty file (0 bytes)")
+    if too_many_scans(data):  # before anything decodes it: its scans alone would take minutes
+        return Skipped(sample.path, scans_reason())
     keep = options.encoding == "keep"
     try:
         header = probe(data, options.max_pixels) if options.check == "fast" or not keep else None
@@ -328,9 +315,11 @@ def encode_data(sample: Sample, data: bytes, options: EncodeOptions) -> Encoded 
                 return Encoded(sample.path, sample.label, payload, width, height, mode, fmt, header.orientation,
                                len(data), zlib.crc32(payload))
     try:
-        with _pixel_limit(options.max_pixels), warnings.catch_warnings():
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # palette-transparency and large-image notes
-            image = open_image(data)  # the formats packload decodes only: no plugin that runs programs
+            # the formats packload decodes only (no plugin that runs programs), the pixel limit passed
+            # explicitly (PIL's global is never set: other threads pack with their own)
+            image = open_image(data, options.max_pixels)
             problem = truncation_problem(data, image.format)
             if problem:
                 return Skipped(sample.path, problem)
@@ -341,7 +330,7 @@ def encode_data(sample: Sample, data: bytes, options: EncodeOptions) -> Encoded 
                 return Encoded(sample.path, sample.label, data, image.width, image.height, image.mode,
                                image.format or "other", orientation, len(data), zlib.crc32(data))
             payload, width, height, mode, fmt = _reencode(image, options)
-    except NotDecodableError as exc:
+    except (NotDecodableError, TooManyScansError) as exc:
         return Skipped(sample.path, str(exc))
     except Image.DecompressionBombError as exc:
         return _bomb(sample, options, exc)
@@ -369,7 +358,8 @@ def _keep_chunk(root: str, prefix: str, samples: list[Sample], options: EncodeOp
     """``encode_file`` for ``keep`` with the fast check, as one tight loop: packing small files costs
     little more than this loop's few microseconds of Python per file. Plain JPEGs and PNGs are
     decided here with the same checks (header probe, decompression-bomb limit, end marker); any
-    other file, and any file with a problem, goes through ``encode_file``, which gives the reason."""
+    other file, and any file with a problem, goes through ``encode_file``, which gives the reason; a
+    JPEG of too many scans is skipped here (``too_many_scans``: tens of microseconds)."""
     out: list[Encoded | Skipped] = []
     append = out.append
     open_, pread, close, crc32 = os.open, os.pread, os.close, zlib.crc32
@@ -391,6 +381,9 @@ def _keep_chunk(root: str, prefix: str, samples: list[Sample], options: EncodeOp
             append(encode_file(root, sample, options, prefix))
             continue
         fmt = header.format
+        if fmt == "JPEG" and too_many_scans(data):
+            append(Skipped(path, scans_reason()))
+            continue
         if (data.endswith(b"\xff\xd9") if fmt == "JPEG" else data.endswith(_PNG_END)) or (
                 truncation_problem(data, fmt) is None):
             append(Encoded(path, label, data, header.width, header.height, header.mode, fmt, header.orientation,

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 from PIL import Image
 
 from packload.core.format import DECODABLE
+from packload.core.jpeg_scans import TooManyScansError, scans_reason, too_many_scans
 
 _JPEG_MODES = {1: "L", 3: "RGB", 4: "CMYK"}
 # SOF markers: C0-CF except C4 (DHT), C8 (JPG) and CC (DAC).
@@ -44,14 +45,16 @@ class ImageHeader(NamedTuple):
     orientation: int
 
 
-class BombError(ValueError):
-    """The header claims more pixels than PIL's decompression-bomb limit allows."""
+class BombError(Image.DecompressionBombError, ValueError):
+    """The header claims more pixels than PIL's decompression-bomb limit allows (PIL's own error for
+    it, so that every caller handling a bomb handles this one)."""
 
 
 def _check_pixels(width: int, height: int, limit: int | None) -> None:
+    """``BombError`` past twice ``limit`` pixels (PIL's rule; ``Image.MAX_IMAGE_PIXELS`` when None)."""
     if limit is None:
         limit = Image.MAX_IMAGE_PIXELS
-    if limit and width * height > 2 * limit:
+    if limit and max(1, width) * max(1, height) > 2 * limit:
         raise BombError(f"Image size ({width * height} pixels) exceeds limit of {2 * limit} pixels, "
                         "could be decompression bomb DOS attack.")
 
@@ -165,21 +168,46 @@ def _registered_formats() -> tuple[str, ...]:
     return _open_formats
 
 
-def open_image(data: bytes | memoryview) -> Image.Image:
+def open_image(data: bytes | memoryview, max_pixels: int | None = None) -> Image.Image:
     """``Image.open`` of image data in memory, restricted to the formats packload decodes;
-    ``NotDecodableError`` with the reason (``not_decodable_reason``) for anything else."""
-    try:
-        return Image.open(io.BytesIO(data), formats=_registered_formats())
-    except Image.UnidentifiedImageError:
-        name = refused_format(data)
-        error = NotDecodableError(_reason(name))
-        error.format = name
-        raise error from None
+    ``NotDecodableError`` with the reason (``not_decodable_reason``) for anything else.
+
+    Two refusals come before any decoding: an image of more than twice ``max_pixels`` pixels
+    (``Image.DecompressionBombError``; PIL's own limit ``Image.MAX_IMAGE_PIXELS``, the user's setting,
+    when ``max_pixels`` is None: it is read, never written), and a JPEG of more scans than
+    ``MAX_JPEG_SCANS`` (``TooManyScansError``). The limit is passed, not set on PIL, so calls on
+    several threads with different limits cannot see each other's (PIL's plugins check the sizes of
+    a GIF's later frames against its global on their own).
+    """
+    if too_many_scans(data):
+        raise TooManyScansError(scans_reason())
+    limit = Image.MAX_IMAGE_PIXELS if max_pixels is None else max_pixels
+    stream = io.BytesIO(data)
+    prefix = stream.read(16)  # what Image.open hands the plugins' signature checks
+    for name in _registered_formats():  # as Image.open, with the bomb check against ``limit``
+        factory, accept = Image.OPEN[name]
+        if accept is not None and not _accepts(accept, prefix):  # a plugin's "no", or its warning string
+            continue
+        stream.seek(0)
+        try:
+            image = factory(stream, "")
+        except (SyntaxError, IndexError, TypeError, struct.error):  # what Image.open takes for "not this format"
+            continue
+        _check_pixels(*image.size, limit)
+        return image
+    name = refused_format(data)
+    error = NotDecodableError(_reason(name))
+    error.format = name
+    raise error
 
 
 def _accepts(accept: Callable[[bytes], Any] | None, prefix: bytes) -> bool:
+    """Whether a plugin's signature check takes ``prefix`` (a string it returns is a warning: a no)."""
     try:
-        return accept is not None and bool(accept(prefix))
+        if accept is None:
+            return False
+        result = accept(prefix)
+        return bool(result) and not isinstance(result, str)
     except Exception:  # noqa: BLE001 - a plugin's signature check failing on odd bytes is a "no"
         return False
 
