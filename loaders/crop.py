@@ -25,8 +25,16 @@ import torch
 from PIL import Image
 
 from packload.core import resize_kernel
+from packload.core.errors import UsageError
 from packload.core.torch_private import resize_into
 from packload.loaders.collate import as_chw
+from packload.loaders.params import check_real, check_side
+
+MIN_CENTER_RATIO = 1 / 64
+"""The smallest ``CenterCrop`` ratio: the square keeps at least 1/64 of the shorter side (4 pixels of
+a 256-pixel image). Smaller ones crop a few pixels of any real image and blow them up: a mistake,
+not a crop (224/256 is ImageNet's; 1 keeps the whole shorter side)."""
+_RATIO_RANGE = "in [1/64, 1] (the square's side as a fraction of the shorter side)"
 
 
 @dataclass(frozen=True)
@@ -41,10 +49,12 @@ class CenterCrop:
     ratio: float = 224 / 256
 
     def __post_init__(self) -> None:
-        if not isinstance(self.size, int) or isinstance(self.size, bool) or self.size < 1:
-            raise ValueError(f"crop size must be a positive int, got {self.size!r}")
-        if not 0 < self.ratio <= 1:
-            raise ValueError(f"crop ratio must be in (0, 1], got {self.ratio!r}")
+        # One-line UsageErrors (ValueErrors) for nonsense, before any batch is laid out from it.
+        object.__setattr__(self, "size", check_side(self.size, "CenterCrop size"))
+        ratio = check_real(self.ratio, "CenterCrop ratio", _RATIO_RANGE)
+        if not MIN_CENTER_RATIO <= ratio <= 1:
+            raise UsageError(f"CenterCrop ratio must be {_RATIO_RANGE}, got {self.ratio!r}")
+        object.__setattr__(self, "ratio", ratio)
 
     def window(self, height: int, width: int) -> tuple[int, int, int]:
         """(top, left, side) of the square taken from a ``height`` × ``width`` image."""

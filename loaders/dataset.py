@@ -29,7 +29,8 @@ from packload.loaders.crop import CenterCrop, mirror_rows
 from packload.loaders.decode import DECODE_ERRORS, decode_array, decode_failure, decode_pil, to_output
 from packload.loaders.decode_threads import DecodeThreads
 from packload.loaders.hints import PackHints
-from packload.loaders.random_crop import Draws, RandomResizedCrop, flip_probability, flips
+from packload.loaders.params import check_batch_memory, check_decode_size
+from packload.loaders.random_crop import Draws, RandomResizedCrop, check_crop, flip_probability, flips
 from packload.loaders.read import PackReader
 from packload.loaders.sampler import PackSampler, Prefetch, default_rank
 
@@ -95,7 +96,7 @@ class PackedImageFolder(Dataset):
         self.transform = transform
         self.target_transform = target_transform
         self.output = output
-        self.decode_size = tuple(decode_size) if decode_size is not None else None
+        self.decode_size = check_decode_size(decode_size)  # one line for nonsense, not an odd decode later
         self.exif_transpose = exif_transpose
         self.verify = verify
         self.on_error = on_error
@@ -189,8 +190,11 @@ class PackedImageFolder(Dataset):
         that nothing else refers to any more: ``PackLoader`` reuses its batches).
         """
         flip = flip_probability(flip)
+        crop = check_crop(crop)  # a string or a torchvision transform: one line here, not an AttributeError later
         reader = self.reader()
         positions = reader.positions(indices)
+        if crop is not None:  # a batch larger than the memory there is: one line, not torch's allocation error
+            check_batch_memory(len(positions), crop.size, "crop size")
         draws = draws or Draws()
         if crop is None and self.transform is not None:  # the caller's transform decides the size
             batch, labels = collate_uint8(self.__getitems__(positions.tolist()), pin_memory=pin_memory)

@@ -38,7 +38,8 @@ from packload.core.threads import single_core_torch_pool
 from packload.core.torch_private import storage_use_count, storage_use_count_available
 from packload.loaders.crop import CenterCrop
 from packload.loaders.dataset import PackedImageFolder
-from packload.loaders.random_crop import Draws, RandomResizedCrop, flip_probability
+from packload.loaders.params import check_batch_memory
+from packload.loaders.random_crop import Draws, RandomResizedCrop, check_crop, flip_probability
 from packload.loaders.sampler import PackSampler
 
 if TYPE_CHECKING:
@@ -98,7 +99,9 @@ class PackLoader:
         self.dataset = dataset
         self.batch_size = batch_size
         self.sampler = sampler if sampler is not None else dataset.sampler()
-        self.crop = CenterCrop(crop) if isinstance(crop, int) else crop
+        self.crop = check_crop(crop, int_side=True)  # one line for a wrong kind or size
+        if self.crop is not None:  # batches larger than the memory there is: one line, not torch's allocation error
+            check_batch_memory(batch_size, self.crop.size, "crop size")
         self.flip = self._flip_of(self.crop, flip)
         self.encoded = encoded
         self.fast_idct = fast_idct

@@ -24,8 +24,10 @@ import numpy as np
 import torch
 from PIL import Image
 
+from packload.core.errors import UsageError
 from packload.loaders.collate import as_chw
-from packload.loaders.crop import crop_box_into
+from packload.loaders.crop import CenterCrop, crop_box_into
+from packload.loaders.params import check_pair, check_side
 
 _TRIES = 10  # torchvision's get_params: tries before the centred fallback
 _TOP_DRAW, _LEFT_DRAW = 2 * _TRIES, 2 * _TRIES + 1  # draw counters of the accepted box's corner
@@ -33,6 +35,11 @@ _FLIP_DRAW = 2 * _TRIES + 2  # draw counter of the flip
 _GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's increment
 _MIX1, _MIX2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 _MASK = (1 << 64) - 1
+MIN_RATIO = 1e-6
+"""``RandomResizedCrop``'s aspect ratios lie in [1e-6, 1e6]: far past any real use (torchvision's
+default is 3/4..4/3), and near enough to 1 that a box's sides stay well inside int64 for any
+image a pack stores (sides up to 2^24)."""
+_RATIO_RANGE = "with 1e-6 <= low <= high <= 1e6 (width / height of the box)"
 
 
 @dataclass(frozen=True)
@@ -86,8 +93,20 @@ def flip_probability(flip: bool | float) -> float:
     if isinstance(flip, bool):
         return 0.5 if flip else 0.0
     if not isinstance(flip, (int, float)) or not 0.0 <= flip <= 1.0:
-        raise ValueError(f"flip must be a bool or a probability in [0, 1], got {flip!r}")
+        raise UsageError(f"flip must be a bool or a probability in [0, 1], got {flip!r}")
     return float(flip)
+
+
+def check_crop(crop: object, name: str = "crop", int_side: bool = False) -> CenterCrop | RandomResizedCrop | None:
+    """``crop`` if it is a ``CenterCrop``, a ``RandomResizedCrop`` or None (with ``int_side``, an int
+    too: the side of a ``CenterCrop``); a one-line ``UsageError`` naming ``name`` otherwise (a string
+    or a torchvision transform would fail deep in a batch)."""
+    if crop is None or isinstance(crop, (CenterCrop, RandomResizedCrop)):
+        return crop
+    if int_side and isinstance(crop, int) and not isinstance(crop, bool):
+        return CenterCrop(check_side(crop, name))
+    kinds = "a packload CenterCrop or RandomResizedCrop" + (", an int (a CenterCrop's side)" if int_side else "")
+    raise UsageError(f"{name} must be {kinds} or None, got {crop!r} ({type(crop).__name__})")
 
 
 @dataclass(frozen=True)
@@ -119,17 +138,15 @@ class RandomResizedCrop:
     keyed = True  # a transform that wants the sample's index and the draws' key (PackedImageFolder)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.size, int) or isinstance(self.size, bool) or self.size < 1:
-            raise ValueError(f"crop size must be a positive int, got {self.size!r}")
-        low, high = (float(v) for v in self.scale)
-        if not 0 < low <= high:
-            raise ValueError(f"scale must be (low, high) with 0 < low <= high, got {self.scale!r}")
-        low_ratio, high_ratio = (float(v) for v in self.ratio)
-        if not 0 < low_ratio <= high_ratio:
-            raise ValueError(f"ratio must be (low, high) with 0 < low <= high, got {self.ratio!r}")
-        object.__setattr__(self, "scale", (low, high))
-        object.__setattr__(self, "ratio", (low_ratio, high_ratio))
+        # One-line UsageErrors (ValueErrors) for nonsense, before any box is drawn from it.
+        object.__setattr__(self, "size", check_side(self.size, "RandomResizedCrop size"))
+        object.__setattr__(self, "scale", check_pair(self.scale, "RandomResizedCrop scale", 0.0, 1.0, low_open=True,
+                                                     valid="with 0 < low <= high <= 1 (fractions of the image's area)"))
+        object.__setattr__(self, "ratio", check_pair(self.ratio, "RandomResizedCrop ratio", MIN_RATIO, 1 / MIN_RATIO,
+                                                     low_open=False, valid=_RATIO_RANGE))
         object.__setattr__(self, "flip", flip_probability(self.flip))
+        if not isinstance(self.dct_scale, bool):
+            raise UsageError(f"RandomResizedCrop dct_scale must be True or False, got {self.dct_scale!r}")
 
     def boxes(self, heights: np.ndarray, widths: np.ndarray, indices: np.ndarray, draws: Draws) -> np.ndarray:
         """Boxes ``(top, left, height, width)`` (int64, one row per sample) for images of these sizes.
