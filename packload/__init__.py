@@ -38,6 +38,9 @@ _EXPORTS = {
     "PackLoader": "packload.loaders.pack_loader",
     "PackReader": "packload.loaders.read",
     "PackSampler": "packload.loaders.sampler",
+    "mix": "packload.loaders.mix",
+    "MixedPacks": "packload.loaders.mix",
+    "MixSampler": "packload.loaders.mix_sampler",
     "shuffle_quality": "packload.loaders.shuffle_quality",
     "CenterCrop": "packload.loaders.crop",
     "RandomResizedCrop": "packload.loaders.random_crop",
@@ -62,6 +65,8 @@ __all__ = [
     "DummyStep",
     "EncodeOptions",
     "IncompletePackError",
+    "MixSampler",
+    "MixedPacks",
     "PackBatches",
     "PackChangedError",
     "PackFormatError",
@@ -84,6 +89,7 @@ __all__ = [
     "info",
     "load_loader_config",
     "merge",
+    "mix",
     "pack",
     "pack_ray",
     "shuffle_quality",
@@ -118,6 +124,8 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
     from packload.loaders.crop import CenterCrop
     from packload.loaders.dataset import PackedImageFolder
     from packload.loaders.decode import fast_jpeg_available
+    from packload.loaders.mix import MixedPacks, mix
+    from packload.loaders.mix_sampler import MixSampler
     from packload.loaders.pack_loader import PackLoader
     from packload.loaders.random_crop import RandomResizedCrop
     from packload.loaders.read import PackReader

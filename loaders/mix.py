@@ -1,0 +1,328 @@
+"""Several packs read as one dataset, mixed by weight: ``packload.mix([noisy, clean], weights=[0.7, 0.3])``.
+
+``MixedPacks`` lays the packs' records end to end (pack ``p``'s record ``r`` is index
+``offsets[p] + r``) and reads each index from its pack: ``ds[i]``, ``__getitems__`` (a DataLoader's
+batches), ``get_batch`` and ``get_encoded_batch`` (``PackLoader`` and ``batch_loader``) split a batch
+by pack, let each pack build its part as it would alone, and put the parts back in the batch's order.
+The mixing itself is the sampler's (``MixedPacks.sampler()``, a :class:`MixSampler`): how many
+samples each pack gives per epoch, in what order, what happens when a pack runs out, the rank split
+and resume. Labels follow ``loaders/mix_classes.py``. docs/MIXING.md has the whole story.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from packload.core.errors import UsageError
+from packload.loaders.crop import CenterCrop
+from packload.loaders.dataset import PackedImageFolder
+from packload.loaders.hints import PackHints
+from packload.loaders.mix_classes import merge_classes, pack_names
+from packload.loaders.mix_sampler import MixSampler, check_samples_per_epoch, check_weights, pack_seed
+from packload.loaders.random_crop import Draws, RandomResizedCrop
+from packload.loaders.sampler import Prefetch, check_int, default_rank
+
+__all__ = ["MixHints", "MixedPacks", "mix"]
+
+
+class MixHints:
+    """Announces upcoming indices of a mix to each pack's reader: the indices are split by pack and
+    each pack's records passed to its own hints (:class:`loaders.hints.PackHints`), in order."""
+
+    def __init__(self, offsets: np.ndarray, hints: Sequence[PackHints | None]) -> None:
+        self.offsets, self.hints = np.asarray(offsets, dtype=np.int64), list(hints)
+
+    def __call__(self, indices: np.ndarray) -> int:
+        indices = np.asarray(indices, dtype=np.int64)
+        packs = np.searchsorted(self.offsets, indices, side="right") - 1
+        asked = 0
+        for pack, hint in enumerate(self.hints):
+            chosen = indices[packs == pack]
+            if hint is not None and chosen.size:
+                asked += hint(chosen - self.offsets[pack])
+        return asked
+
+
+class MixedPacks(Dataset):
+    """Packs read as one dataset, their records end to end, sampled by weight (:func:`mix` builds it).
+
+    ``ds[i]`` is ``(image, class_index)`` from the pack that holds index ``i`` (each pack's own
+    ``transform`` and output apply), with the class index in the mix's ``classes``. ``len(ds)`` is
+    all the packs' records; an epoch's samples, and how each pack's share is drawn, are the
+    ``sampler()``'s: give it to ``PackLoader``, ``batch_loader`` or a ``DataLoader``.
+
+    Attributes:
+        datasets: the packs, in the mix's order; ``names``: their names (``classes`` uses them).
+        offsets: index of each pack's first record in the mix (one more entry: the total).
+        weights: each pack's share of an epoch (summing to 1); ``samples_per_epoch``: the epoch's size.
+        classes, class_to_idx, targets: as ImageFolder's, over the mix (rule: docs/MIXING.md).
+        label_offsets: what is added to each pack's own class indices (0 when the packs share classes).
+    """
+
+    def __init__(self, datasets: Sequence[PackedImageFolder], weights: Sequence[float] | None = None,
+                 samples_per_epoch: int | None = None, *, seed: int = 0, names: Sequence[str] | None = None) -> None:
+        if isinstance(datasets, PackedImageFolder) or not isinstance(datasets, Sequence) or not datasets:
+            raise ValueError("datasets must be a non-empty list of PackedImageFolder packs, "
+                             f"got {type(datasets).__name__}")
+        for k, dataset in enumerate(datasets):
+            if not isinstance(dataset, PackedImageFolder):
+                raise TypeError(f"datasets[{k}] is a {type(dataset).__name__}; mix() takes PackedImageFolder packs "
+                                "(open each with packload.PackedImageFolder(path))")
+        self.datasets = list(datasets)
+        self.sizes = [len(dataset) for dataset in self.datasets]
+        self.weights = check_weights(weights, self.sizes)
+        self.samples_per_epoch = check_samples_per_epoch(samples_per_epoch, self.sizes)
+        self.seed = check_int("seed", seed, 0)
+        self.names = pack_names([dataset.root for dataset in self.datasets], names)
+        self.offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
+        self.classes, offsets = merge_classes([dataset.classes for dataset in self.datasets], self.names)
+        self.label_offsets = np.asarray(offsets, dtype=np.int64)
+        if self.label_offsets.any():
+            with_transform = [k for k, dataset in enumerate(self.datasets) if dataset.target_transform is not None]
+            if with_transform:
+                raise UsageError(f"pack {with_transform[0]} has a target_transform, but the packs' classes differ, so "
+                                 "the mix shifts each pack's class indices: remove it and map the mix's labels instead")
+        self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
+        self.targets = [target + int(self.label_offsets[p]) for p, dataset in enumerate(self.datasets)
+                        for target in dataset.targets]
+        self._local = threading.local()  # each thread's staging batch (get_batch)
+
+    # -- where an index lives ----------------------------------------------------------------
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def locate(self, indices: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(pack number, record in that pack) of each index (negative ones count from the end);
+        IndexError names the first one out of range."""
+        positions = np.asarray(indices, dtype=np.int64).reshape(-1)
+        total = len(self)
+        if positions.size and (positions.min() < 0 or positions.max() >= total):
+            bad = (positions < -total) | (positions >= total)
+            if bad.any():
+                raise IndexError(f"index {int(positions[bad][0])} out of range: the mix has {total} records")
+            positions = np.where(positions < 0, positions + total, positions)
+        packs = np.searchsorted(self.offsets, positions, side="right") - 1
+        return packs, positions - self.offsets[packs]
+
+    def _groups(self, packs: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """(pack, the batch's rows from it) for each pack present, in the mix's order."""
+        if packs.size and (packs == packs[0]).all():
+            return [(int(packs[0]), np.arange(packs.size))]
+        return [(int(pack), np.flatnonzero(packs == pack)) for pack in np.unique(packs)]
+
+    def draws_of(self, pack: int, draws: Draws) -> Draws:
+        """The key of pack ``pack``'s crop and flip draws in a run keyed by ``draws``: its own seed
+        (:func:`loaders.mix_sampler.pack_seed`), so two packs' records never share boxes."""
+        return Draws(pack_seed(draws.seed, pack), draws.epoch, draws.rank)
+
+    # -- ImageFolder's surface ---------------------------------------------------------------
+    def __getitem__(self, index: int) -> tuple[Any, Any]:
+        return self.__getitems__([index])[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, Any]]:
+        """A batch of ``(image, class_index)`` in the order asked, each pack reading its own records
+        in one call (as a DataLoader asks a dataset for a batch)."""
+        packs, records = self.locate(indices)
+        samples: list[Any] = [None] * len(records)
+        for pack, rows in self._groups(packs):
+            offset = int(self.label_offsets[pack])
+            got = self.datasets[pack].__getitems__(records[rows].tolist())
+            for row, (image, target) in zip(rows.tolist(), got, strict=True):
+                samples[row] = (image, target + offset if offset else target)
+        return samples
+
+    @property
+    def samples(self) -> list[tuple[str, int]]:
+        """(full path, class index) of every record, as ImageFolder's ``samples``: each pack's
+        ``samples`` in turn, with the mix's class indices."""
+        return [(path, target + int(self.label_offsets[p])) for p, dataset in enumerate(self.datasets)
+                for path, target in dataset.samples]
+
+    imgs = samples
+
+    def set_epoch(self, epoch: int, seed: int = 0, rank: int | None = None) -> None:
+        """The key of random transforms' draws on the drop-in path, as ``PackedImageFolder.set_epoch``:
+        give the sampler's epoch and seed, and each pack's records get the crops ``PackLoader`` gives."""
+        rank = default_rank() if rank is None else int(rank)
+        for pack, dataset in enumerate(self.datasets):
+            dataset.set_epoch(epoch, seed=pack_seed(check_int("seed", seed, 0), pack), rank=rank)
+
+    # -- whole batches (PackLoader, batch_loader) ---------------------------------------------
+    def get_batch(self, indices: Sequence[int], channels_last: bool = False, *,
+                  crop: CenterCrop | RandomResizedCrop | None = None, pin_memory: bool = False,
+                  fast_idct: bool = False, flip: bool | float = False,
+                  draws: Draws | None = None, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(B×3×H×W uint8, B int64)`` for the mix's ``indices``, as ``PackedImageFolder.get_batch``.
+
+        Each pack builds its rows with its own ``get_batch`` (same crop, flip and options; the draws
+        keyed by ``draws_of(pack, draws)`` and the record's number in its pack), and the rows go into
+        one batch in the order asked (``out`` when it fits, as for a pack). A batch from one pack
+        alone is that pack's batch, uncopied. Labels are the mix's."""
+        packs, records = self.locate(indices)
+        draws = draws or Draws()
+        groups = self._groups(packs)
+        options = {"crop": crop, "pin_memory": pin_memory, "fast_idct": fast_idct, "flip": flip}
+        if len(groups) <= 1:
+            pack = groups[0][0] if groups else 0
+            images, labels = self.datasets[pack].get_batch(records, channels_last, **options,
+                                                           draws=self.draws_of(pack, draws), out=out)
+            return images, self._shifted(labels, pack)
+        # Each pack writes its rows into this thread's staging batch (reused: no fresh pages to fault
+        # in), copied at once into their rows of the batch, in the order asked.
+        staging = self._staging(max(len(rows) for _, rows in groups), crop, channels_last) if crop else None
+        layout = torch.channels_last if channels_last else torch.contiguous_format
+        pin = pin_memory and torch.cuda.is_available()
+        labels = torch.empty(len(records), dtype=torch.int64, pin_memory=pin)
+        first: tuple[str, tuple[int, ...]] | None = None
+        for pack, rows in groups:
+            images, part_labels = self.datasets[pack].get_batch(
+                records[rows], channels_last, **options, draws=self.draws_of(pack, draws),
+                out=staging[: len(rows)] if staging is not None else None)
+            if first is None:
+                first = (self.names[pack], tuple(images.shape[1:]))
+                shape = (len(records), *first[1])
+                if out is None or out.shape != shape or out.dtype != torch.uint8 \
+                        or not out.is_contiguous(memory_format=layout):
+                    out = torch.empty(shape, dtype=torch.uint8, memory_format=layout, pin_memory=pin)
+            elif tuple(images.shape[1:]) != first[1]:
+                raise UsageError(f"pack {first[0]!r} gives {first[1]} images and pack {self.names[pack]!r} "
+                                 f"{tuple(images.shape[1:])}: one batch needs one size; give a crop "
+                                 "(CenterCrop or RandomResizedCrop) or packs of one image size")
+            # NumPy copies whole rows (torch's index_copy_ goes byte by byte)
+            _rows(out, channels_last, view=True).numpy()[rows] = _rows(images, channels_last).numpy()
+            labels.numpy()[rows] = part_labels.numpy() + self.label_offsets[pack]
+        return out, labels
+
+    def _staging(self, count: int, crop: CenterCrop | RandomResizedCrop, channels_last: bool) -> torch.Tensor:
+        """This thread's staging batch for ``count`` crops (grown when too small, else reused): one
+        pack's part of a batch at a time, so at most a batch's memory per thread."""
+        local = self._local
+        layout = torch.channels_last if channels_last else torch.contiguous_format
+        held = getattr(local, "staging", None)
+        if held is None or held.shape[0] < count or held.shape[2:] != (crop.size, crop.size) \
+                or not held.is_contiguous(memory_format=layout):
+            held = torch.empty((count, 3, crop.size, crop.size), dtype=torch.uint8, memory_format=layout)
+            local.staging = held
+        return held[:count]
+
+    def get_encoded_batch(self, indices: Sequence[int], *,
+                          pin_memory: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The batch's stored payloads, undecoded, as ``PackedImageFolder.get_encoded_batch``: one flat
+        uint8 tensor, ``B+1`` int64 offsets, ``B`` int64 labels (the mix's), in the order asked."""
+        packs, records = self.locate(indices)
+        groups = self._groups(packs)
+        if len(groups) <= 1:
+            pack = groups[0][0] if groups else 0
+            data, offsets, labels = self.datasets[pack].get_encoded_batch(records, pin_memory=pin_memory)
+            return data, offsets, self._shifted(labels, pack)
+        pieces: list[torch.Tensor] = [torch.empty(0, dtype=torch.uint8)] * len(records)
+        labels = torch.empty(len(records), dtype=torch.int64)
+        for pack, rows in groups:
+            data, offsets, part_labels = self.datasets[pack].get_encoded_batch(records[rows])
+            bounds = offsets.tolist()
+            for k, row in enumerate(rows.tolist()):
+                pieces[row] = data[bounds[k] : bounds[k + 1]]
+            labels[torch.from_numpy(rows)] = self._shifted(part_labels, pack)
+        lengths = torch.tensor([0] + [piece.numel() for piece in pieces], dtype=torch.int64)
+        data = torch.cat(pieces)
+        offsets = torch.cumsum(lengths, 0)
+        if pin_memory and torch.cuda.is_available():
+            return data.pin_memory(), offsets.pin_memory(), labels.pin_memory()
+        return data, offsets, labels
+
+    def _shifted(self, labels: torch.Tensor, pack: int) -> torch.Tensor:
+        """A pack's labels as the mix's class indices."""
+        offset = int(self.label_offsets[pack])
+        if not offset:
+            return labels
+        shifted = labels + offset
+        return shifted.pin_memory() if labels.is_pinned() else shifted
+
+    # -- sampling ------------------------------------------------------------------------------
+    def sampler(self, shuffle: bool = True, seed: int | None = None, *, prefetch: Prefetch | bool = True,
+                **options: Any) -> MixSampler:
+        """A :class:`MixSampler` over this mix: its weights and epoch size, each pack in its own
+        block-shuffled order, split over DDP ranks with equal counts, resumable. ``seed`` defaults to
+        the mix's; ``options`` go to ``MixSampler`` (``order``, ``block_size``, ``window_blocks``,
+        ``rank``, ``world_size``, ``uneven``).
+
+        ``prefetch=True`` (the default): the sampler announces each window of upcoming records to
+        their packs' readers ahead of the reads, as ``PackedImageFolder.sampler`` does for one pack
+        (not with ``order="random"``); ``False`` announces nothing; a callable gets the mix's indices."""
+        if prefetch is True:
+            random = shuffle and options.get("order", "block") == "random"
+            prefetch = None if random else MixHints(self.offsets, [
+                PackHints(dataset.root, opener=dataset.reader) for dataset in self.datasets])
+        elif prefetch is False:
+            prefetch = None
+        return MixSampler(self.sizes, self.weights, self.samples_per_epoch, shuffle=shuffle,
+                          seed=self.seed if seed is None else seed, prefetch=prefetch, **options)
+
+    # -- what PackLoader asks of a dataset ---------------------------------------------------------
+    @property
+    def encoding(self) -> str:
+        """The packs' encoding when they share one (keep, jpeg, png or raw), else ``"mixed"``."""
+        encodings = {dataset.encoding for dataset in self.datasets}
+        return encodings.pop() if len(encodings) == 1 else "mixed"
+
+    @property
+    def exif_transpose(self) -> bool:
+        """Whether any pack turns images upright by their EXIF orientation."""
+        return any(dataset.exif_transpose for dataset in self.datasets)
+
+    @property
+    def parallel_reads(self) -> bool:
+        """Whether any pack reads ahead from many threads (network and FUSE storage)."""
+        return any(dataset.parallel_reads for dataset in self.datasets)
+
+    def close(self) -> None:
+        """Let go of every pack's files in this process (the next read opens them again)."""
+        for dataset in self.datasets:
+            dataset.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        del state["_local"]  # staging batches stay with the threads that filled them
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._local = threading.local()
+
+    def __repr__(self) -> str:
+        packs = ", ".join(f"{name}: {size} records, weight {weight:.3g}"
+                          for name, size, weight in zip(self.names, self.sizes, self.weights, strict=True))
+        return f"MixedPacks([{packs}], samples_per_epoch={self.samples_per_epoch}, classes={len(self.classes)})"
+
+
+def _rows(images: torch.Tensor, channels_last: bool, view: bool = False) -> torch.Tensor:
+    """A B×3×H×W batch as B rows of bytes (each row one image's memory, so copying rows is one
+    memcpy each): a view when it is laid out as said (``view``: always, else an error), else a copy."""
+    rows = images.permute(0, 2, 3, 1) if channels_last else images
+    return rows.view(images.shape[0], -1) if view else rows.reshape(images.shape[0], -1)
+
+
+def mix(datasets: Sequence[PackedImageFolder], weights: Sequence[float] | None = None,
+        samples_per_epoch: int | None = None, *, seed: int = 0, names: Sequence[str] | None = None) -> MixedPacks:
+    """Several packs as one dataset whose sampler draws from them by weight (docs/MIXING.md).
+
+    Args:
+        datasets: the packs (``PackedImageFolder``), each with its own options and transform.
+        weights: each pack's share of every epoch, any scale (``[0.7, 0.3]``, ``[7, 3]``); None: in
+            proportion to the packs' sizes (each record once per epoch, a plain concatenation).
+        samples_per_epoch: samples per epoch, all ranks together; None: all the packs' records.
+        seed: the default seed of ``sampler()``.
+        names: the packs' names, used in ``classes`` where two packs' class names collide; default:
+            each pack's file name without its suffix.
+
+    A pack whose share exceeds its records starts a new pass, in a new order, when it runs out; one
+    whose share is smaller goes on in the next epoch where it stopped, so every record is drawn once
+    before any is drawn again.
+    """
+    return MixedPacks(datasets, weights, samples_per_epoch, seed=seed, names=names)
