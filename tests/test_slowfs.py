@@ -84,8 +84,10 @@ def test_bandwidth_cap_and_concurrent_requests_overlap(files: Path, tmp_path: Pa
         for t in threads:
             t.join()
         elapsed = time.perf_counter() - start
-        assert fs.stats().max_reads_in_flight >= 2  # served by several threads at once
-        assert 0.2 * 0.95 <= elapsed < 1.0  # an open and a read each: 0.2 s overlapped, 1.2 s one after another
+        # served by several threads at once (counted by the server, not timed: a loaded machine may be
+        # slow, never fast); each reader still waited its open's and its read's latency
+        assert fs.stats().max_reads_in_flight >= 2
+        assert elapsed >= 0.2 * 0.95
 
 
 @needs_fuse
