@@ -341,6 +341,16 @@ class PackReader:
         """The index exactly as stored (for checksums)."""
         return self._open_pack().index_bytes()
 
+    def pack_bytes(self) -> int:
+        """Bytes the pack takes, from sizes checked when it was opened (what ``info`` reports): a
+        shards pack's manifest, index and shards (each the size the manifest lists, and where its
+        records end); an LMDB pack's pages (a tail of the file past LMDB's last page is never read).
+        Files of the folder that are no part of the pack are not counted."""
+        pack = self._open_pack()
+        if isinstance(pack, RemoteShardsPack):
+            raise UsageError(f"{self.path}: a pack at a URL; its size is its listing's")
+        return pack.pack_bytes()
+
     def close(self) -> None:
         """Release the maps and descriptors."""
         self.closed = True

@@ -28,8 +28,9 @@ from packload.core.format import (
     decode_index,
     lmdb_chunk_key,
 )
+from packload.core.lmdb_meta import current_meta
 from packload.core.lmdb_pages import LmdbLayout
-from packload.core.manifest import MANIFEST_LIMIT, decode_manifest
+from packload.core.manifest import MANIFEST_LIMIT, check_listed_size, decode_manifest
 from packload.core.safe_files import open_regular
 from packload.loaders.prefetch import PAGE, ParallelFetcher, cut, distinct
 
@@ -48,6 +49,7 @@ class LmdbPack:
 
     backend = "lmdb"
     part_names: list[str] = []
+    used_bytes = 0  # bytes of the file LMDB's pages take (a tail past its last page is never read)
 
     def __init__(self, path: Path, fetcher: ParallelFetcher) -> None:
         self.path = path
@@ -89,8 +91,12 @@ class LmdbPack:
             raise PackFormatError(f"{self.path}: manifest is for a {self.manifest['backend']} pack")
         if index is None:
             raise PackFormatError(f"{self.path}: no index; the pack is damaged")
+        # Sizes checked against what can be true before the index is read (see decode_index).
+        check_listed_size(index[1], self.manifest.get("index", {}).get("size"), f"{self.path}: index")
         self._index_view = self._value(*index)
-        self.entries, self.paths = decode_index(self._index_view, str(self.path))
+        self.entries, self.paths = decode_index(self._index_view, str(self.path), self.manifest["records"], size)
+        meta = current_meta(self._tree, str(self.path))
+        self.used_bytes = min(size, (meta.last_pgno + 1) * meta.page_size)  # LMDB's pages: what is ever read
         self._need = self._chunk_needs()
         self._table = np.full((2, len(self._need)), -1, np.int64)  # offset and size of each chunk, once located
 
@@ -126,6 +132,9 @@ class LmdbPack:
                 first = int(np.flatnonzero((self.entries["part"] == part) & (ends > place[1]))[0])
                 raise PackFormatError(f"{self.path}: record {first} points past the end of chunk {part} "
                                       f"({place[1]} bytes); the pack is damaged")
+            if place[1] > self._need[part]:  # records lie back to back to the chunk's end: a tail is no record's
+                raise PackFormatError(f"{self.path}: chunk {part} of {place[1]:,} bytes, but its records end at "
+                                      f"{int(self._need[part]):,}; the pack is damaged")
             table[:, part] = place
 
     def _value(self, offset: int, size: int) -> memoryview:
@@ -170,6 +179,10 @@ class LmdbPack:
     def index_bytes(self) -> bytes:
         """The index exactly as stored (for checksums)."""
         return self._index_view.tobytes() if self._index_view is not None else b""
+
+    def pack_bytes(self) -> int:
+        """Bytes of the file LMDB's pages take (``used_bytes``): a tail past them is never read."""
+        return int(self.used_bytes)
 
     def __del__(self) -> None:
         try:

@@ -53,6 +53,7 @@ from packload.core.format import (
     PROGRESS_NAME,
     SHARD_HEADER,
     check_entries_fit,
+    check_parts_reached,
     decode_index,
     decode_shard_header,
     shard_number,
@@ -170,8 +171,9 @@ class RemoteShardsPack:
         self.part_sizes = np.array(sizes, dtype=np.int64)
         self._index = self._read_index(listing)
         where = self.store.shown_of(INDEX_NAME)
-        self.entries, self.paths = decode_index(self._index, where)
+        self.entries, self.paths = decode_index(self._index, where, self.manifest["records"], sum(sizes))
         check_entries_fit(self.entries, self.part_sizes.astype(np.uint64), where)
+        check_parts_reached(self.entries, self.part_sizes, self.part_names, self.store.shown)  # no tail to fetch
 
     def _refuse_without_manifest(self, listing: dict[str, int]) -> None:
         url = self.store.shown

@@ -28,11 +28,12 @@ from packload.core.format import (
     PROGRESS_NAME,
     SHARD_HEADER,
     check_entries_fit,
+    check_parts_reached,
     decode_index,
     decode_shard_header,
     shard_number,
 )
-from packload.core.manifest import MANIFEST_LIMIT, decode_manifest, shard_parts
+from packload.core.manifest import MANIFEST_LIMIT, check_listed_size, decode_manifest, shard_parts
 from packload.core.safe_files import (
     FileChangedError,
     FileTooLargeError,
@@ -60,6 +61,7 @@ class ShardsPack:
     """One open shards folder: its manifest, index and shards (mapped on first use)."""
 
     backend = "shards"
+    manifest_bytes = 0
 
     def __init__(self, path: Path, fetcher: ParallelFetcher) -> None:
         self.path = path
@@ -79,22 +81,28 @@ class ShardsPack:
         if self.manifest["backend"] != "shards":
             raise PackFormatError(f"{self.path / MANIFEST_NAME}: manifest is for a {self.manifest['backend']} pack")
         index_path = self.path / INDEX_NAME
+        # Every size is checked against what can be true before anything is read: the shards' sizes
+        # against the manifest, the index's against the manifest and its header against both, each
+        # shard against where its records end.
+        self.part_names, sizes = self._shard_list()
+        self.part_sizes = np.array(sizes, dtype=np.int64)
         try:
             fd, info = open_regular(INDEX_NAME, dir_fd=self._dir)
         except OSError as exc:
             raise _damaged_file(index_path, exc) from None
         try:
-            if self._fetcher.threads:  # network/FUSE: faulting it in waits ~2 requests at a time
-                self._fetcher.fetch([(fd, 0, info.st_size)])
             if info.st_size == 0:
                 raise PackFormatError(f"{index_path}: empty; the pack is damaged")
+            check_listed_size(info.st_size, self.manifest.get("index", {}).get("size"), str(index_path))
+            if self._fetcher.threads:  # network/FUSE: faulting it in waits ~2 requests at a time
+                self._fetcher.fetch([(fd, 0, info.st_size)])
             self._index_map = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
         finally:
             os.close(fd)
-        self.entries, self.paths = decode_index(self._index_map, str(index_path))
-        self.part_names, sizes = self._shard_list()
-        self.part_sizes = np.array(sizes, dtype=np.int64)
+        self.entries, self.paths = decode_index(self._index_map, str(index_path), self.manifest["records"],
+                                                sum(sizes))
         check_entries_fit(self.entries, self.part_sizes.astype(np.uint64), str(index_path))
+        check_parts_reached(self.entries, self.part_sizes, self.part_names, str(self.path))
 
     def _read_manifest(self) -> dict[str, Any]:
         manifest_path = self.path / MANIFEST_NAME
@@ -110,6 +118,7 @@ class ShardsPack:
             raise UsageError(f"{self.path}: not a pack (no {MANIFEST_NAME}); give a folder that `pack` wrote") from None
         except OSError as exc:
             raise _damaged_file(manifest_path, exc) from None
+        self.manifest_bytes = len(raw)
         return decode_manifest(raw, str(manifest_path))
 
     def _exists(self, name: str) -> bool:
@@ -217,6 +226,11 @@ class ShardsPack:
     def index_bytes(self) -> bytes:
         """The index exactly as stored (for checksums)."""
         return bytes(self._index_map) if self._index_map is not None else b""
+
+    def pack_bytes(self) -> int:
+        """Bytes of the manifest, the index and the shards, as checked at open (no other file counts)."""
+        index = len(self._index_map) if self._index_map is not None else 0
+        return self.manifest_bytes + index + int(self.part_sizes.sum())
 
     def __del__(self) -> None:
         try:

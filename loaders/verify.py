@@ -24,7 +24,6 @@ from packload.core.format import (
     PAYLOAD_FORMATS,
     decode_record_header,
     entry_path,
-    pack_size,
 )
 from packload.core.manifest import ignored_count, skipped_count
 from packload.core.progress import progress_bar
@@ -49,7 +48,7 @@ def info(path: str | os.PathLike[str]) -> dict[str, Any]:
             "classes": manifest["classes"],
             "class_counts": manifest.get("class_counts", {}),
             "labelled": manifest.get("labelled", bool(manifest["classes"])),
-            "pack_bytes": _remote_size(reader) if reader.remote else pack_size(reader.path),
+            "pack_bytes": _remote_size(reader) if reader.remote else reader.pack_bytes(),
             "payload_bytes": manifest.get("payload_bytes"),
             "source": manifest.get("source", {}),
             "skipped": manifest["skipped"],
@@ -71,24 +70,52 @@ def _remote_size(reader: PackReader) -> int:
     return sum(int(part["size"]) for part in manifest["parts"]) + len(reader.index_bytes())
 
 
-def sha256_file(path: Path) -> str:
-    """The SHA-256 of the whole file ``path``, read in large blocks."""
+def sha256_file(path: Path, size: int | None = None) -> str:
+    """The SHA-256 of the whole file ``path``, read in large blocks. With ``size`` (what the manifest
+    lists), no more than that is ever read: a file that holds more raises ``PackFormatError`` (a
+    sparse terabyte in place of a shard is refused at once, not hashed for minutes)."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
-        while block := f.read(HASH_BLOCK):
+        if size is None:
+            while block := f.read(HASH_BLOCK):
+                digest.update(block)
+            return digest.hexdigest()
+        left = size
+        while left and (block := f.read(min(HASH_BLOCK, left))):
             digest.update(block)
+            left -= len(block)
+        if f.read(1):
+            raise PackFormatError(f"{path}: {LARGER_THAN_LISTED.format(size=size)}")
     return digest.hexdigest()
+
+
+LARGER_THAN_LISTED = ("larger than the {size:,} bytes the manifest lists; the pack is damaged, or the file is not "
+                      "this pack's: copy the pack again")
 
 
 def file_problems(reader: PackReader, shards: bool = True, index: bool = True) -> list[dict[str, str]]:
     """Whole-file checksums against the manifest: every shard (of a shards pack; unless ``shards``
-    is False) and the index (unless ``index`` is False). Each problem names the file."""
+    is False) and the index (unless ``index`` is False). Each problem names the file. No shard is
+    read past the size the manifest lists (the reader checked each against it, and against where
+    its records end, when the pack was opened)."""
     problems = []
     manifest = reader.manifest
     if reader.backend == "shards" and shards:
         for part in manifest["parts"]:
-            if sha256_file(reader.path / part["name"]) != part.get("sha256"):
+            size = int(part.get("size", 0))
+            try:
+                digest = sha256_file(reader.path / part["name"], size)
+            except PackFormatError:  # grown since the pack was opened
+                problems.append({"file": part["name"], "problem": LARGER_THAN_LISTED.format(size=size)})
+                continue
+            if digest != part.get("sha256"):
                 problems.append({"file": part["name"], "problem": "sha256 differs from the manifest"})
+    if reader.backend == "lmdb" and not reader.remote:  # a tail past LMDB's pages is never read: say it is there
+        size, used = reader.path.stat().st_size, reader.pack_bytes()
+        if size > used:
+            problems.append({"file": reader.path.name, "problem": f"{size:,} bytes, but LMDB's pages end at {used:,}: "
+                             f"{size - used:,} bytes past them are no part of the pack (never read); the pack is "
+                             "damaged or appended to: copy the pack again"})
     if not index:
         return problems
     index_digest = hashlib.sha256(reader.index_bytes()).hexdigest()

@@ -179,6 +179,7 @@ SHARD_PART_AT = SHARD_HEADER.fields["part"][1]
 assert HEADER_BODY_AT + RECORD_HEADER_BODY.size == RECORD_HEADER.itemsize
 assert INDEX_ENTRY_STRUCT.size == INDEX_ENTRY.itemsize
 
+MAX_PATH_BYTES = 0xFFFF  # a record's path is at most this long (its length is a u16)
 # Index offsets and lengths must stay below this, so that the sum of any two fits a signed 64-bit
 # integer (readers compute byte ranges in int64, and hand addresses to compiled code).
 INDEX_VALUE_LIMIT = 1 << 62
@@ -305,10 +306,16 @@ def encode_index(entries: np.ndarray, paths: bytes) -> bytes:
     return header.tobytes() + entries.astype(INDEX_ENTRY, copy=False).tobytes() + paths
 
 
-def decode_index(buf: bytes | memoryview, where: str) -> tuple[np.ndarray, bytes]:
+def decode_index(buf: bytes | memoryview, where: str, records: int | None = None,
+                 part_bytes: int | None = None) -> tuple[np.ndarray, bytes]:
     """Parse an index blob into (entries, paths), checking every count against the blob's size.
 
     ``where`` names the file for error messages. Entries are a read-only view when ``buf`` is.
+    Every size the header gives is checked against what can be true before the entries are read
+    or the paths copied (a sparse index of a header that adds up must cost neither time nor
+    memory): the count against ``records`` (the manifest's) and against ``part_bytes`` (the bytes
+    the parts hold: each record takes at least its 56-byte header there), the paths blob against
+    the longest paths the records can have, then against where their paths end.
     """
     size = len(buf)
     if size < INDEX_HEADER.itemsize:
@@ -328,11 +335,23 @@ def decode_index(buf: bytes | memoryview, where: str) -> tuple[np.ndarray, bytes
     if expected != size:
         raise PackFormatError(f"{where}: index claims {count} records and {paths_len} path bytes "
                               f"({expected} bytes) but holds {size} bytes; the pack is damaged")
+    if records is not None and count != records:
+        raise PackFormatError(f"{where}: manifest says {records} records, index holds {count}; the pack is damaged")
+    if part_bytes is not None and count * RECORD_HEADER.itemsize > part_bytes:
+        raise PackFormatError(f"{where}: index claims {count} records, more than the {part_bytes:,} bytes of the "
+                              "pack's parts can hold; the pack is damaged")
+    if paths_len > count * MAX_PATH_BYTES:
+        raise PackFormatError(f"{where}: paths blob of {paths_len:,} bytes, more than {count} paths of at most "
+                              f"{MAX_PATH_BYTES} bytes can take; the pack is damaged")
     entries = np.frombuffer(buf, INDEX_ENTRY, count=count, offset=INDEX_HEADER.itemsize)
-    paths = bytes(memoryview(buf)[INDEX_HEADER.itemsize + count * INDEX_ENTRY.itemsize :])
     ends = entries["path_offset"].astype(np.uint64) + entries["path_len"].astype(np.uint64)
     if count and (int(ends.max()) > paths_len or (ends < entries["path_offset"]).any()):
         raise PackFormatError(f"{where}: index points past its paths blob; the pack is damaged")
+    reach = int(ends.max()) if count else 0
+    if reach != paths_len:  # the blob is the paths back to back: bytes past the last are no record's
+        raise PackFormatError(f"{where}: paths blob of {paths_len:,} bytes, but the records' paths end at "
+                              f"{reach:,}; the rest is no record's, the pack is damaged")
+    paths = bytes(memoryview(buf)[INDEX_HEADER.itemsize + count * INDEX_ENTRY.itemsize :])  # bounded above
     if count and int(entries["format"].max()) >= len(PAYLOAD_FORMATS):
         raise PackFormatError(f"{where}: index holds an unknown payload format code; the pack is damaged")
     if count and int(entries["orientation"].max()) > MAX_ORIENTATION:
@@ -406,6 +425,31 @@ def check_entries_fit(entries: np.ndarray, part_sizes: np.ndarray, where: str) -
         first = int(np.flatnonzero(bad)[0])
         raise PackFormatError(f"{where}: record {first} points past the end of part "
                               f"{int(parts[first])}; the pack is damaged")
+
+
+def part_reach(entries: np.ndarray, parts: int, empty: int) -> np.ndarray:
+    """Where the last record of each of ``parts`` parts ends (int64; ``empty`` for a part with no
+    record): how long the part must be, and no longer, since records lie back to back to its end."""
+    reach = np.full(parts, empty, np.int64)
+    if len(entries):
+        numbers = entries["part"].astype(np.int64)
+        inside = numbers < parts
+        np.maximum.at(reach, numbers[inside], (entries["payload_offset"][inside]
+                                                + entries["payload_len"][inside]).astype(np.int64))
+    return reach
+
+
+def check_parts_reached(entries: np.ndarray, part_sizes: np.ndarray, names: list[str], where: str) -> None:
+    """Refuse a shard longer than its records reach (after ``check_entries_fit``): a tail that no
+    record accounts for is damage, or a file not of this pack (a sparse file of a terabyte, say), and
+    nothing should ever read or hash it. ``names`` name the shards in the message."""
+    reach = part_reach(entries, len(part_sizes), SHARD_HEADER.itemsize)
+    longer = np.flatnonzero(np.asarray(part_sizes, dtype=np.int64) > reach)
+    if len(longer):
+        part = int(longer[0])
+        raise PackFormatError(f"{where}/{names[part]}: {int(part_sizes[part]):,} bytes, but its records end at "
+                              f"{int(reach[part]):,}: {int(part_sizes[part]) - int(reach[part]):,} bytes no record "
+                              "accounts for; the pack is damaged, or the shard is not this pack's: copy the pack again")
 
 
 def entry_path(entries: np.ndarray, paths: bytes, i: int) -> str:

@@ -128,6 +128,16 @@ def shard_parts(manifest: dict[str, Any], where: str) -> list[dict[str, Any]]:
     return parts
 
 
+def check_listed_size(size: int, listed: int | None, where: str) -> None:
+    """A file of the pack must be the size the manifest lists for it (when it lists one): checked
+    before the file is read, so that a file grown or swapped for a sparse one of a terabyte is
+    refused in one line, not read, mapped or hashed."""
+    if listed is not None and size != listed:
+        kind = "larger" if size > listed else "smaller"
+        raise PackFormatError(f"{where}: {size:,} bytes, {kind} than the {listed:,} the manifest lists; the pack is "
+                              "damaged, or the file is not this pack's: copy the pack again")
+
+
 def skipped_count(manifest: dict[str, Any]) -> int:
     """How many source files were skipped as broken (the manifest lists at most ``SKIPPED_LISTED``)."""
     return int(manifest.get("skipped_count", len(manifest["skipped"])))
