@@ -264,6 +264,35 @@ def _keys_problem(path: Path, partial: bool, error: Exception) -> str | None:
     return "is an LMDB database without packload's #manifest (someone else's database)"
 
 
+def is_pack_file_name(name: str) -> bool:
+    """Whether ``name`` is one that packload writes in a pack folder (a temporary one included)."""
+    return bool(_PACK_FILE.fullmatch(name))
+
+
+def is_task_folder_name(name: str) -> bool:
+    """Whether ``name`` is one of the folders an unfinished pack holds (Ray's tasks, merge's inputs)."""
+    return bool(_TASK_DIR.fullmatch(name))
+
+
+def is_our_manifest(raw: bytes) -> bool:
+    """Whether ``raw`` is a manifest of packload's (JSON whose ``format`` is ours)."""
+    return _is_manifest_bytes(raw)
+
+
+def is_our_progress(raw: bytes) -> bool:
+    """Whether ``raw`` is a progress record of packload's (a JSON object with ``options``)."""
+    try:
+        record = json.loads(raw) if len(raw) <= MANIFEST_LIMIT else None
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(record, dict) and "options" in record
+
+
+def is_our_lmdb_key(key: bytes) -> bool:
+    """Whether ``key`` is one that packload writes in an LMDB pack."""
+    return _our_key(key)
+
+
 def _is_manifest_bytes(raw: bytes) -> bool:
     try:
         record = json.loads(raw) if len(raw) <= MANIFEST_LIMIT else None

@@ -25,7 +25,17 @@ import lmdb
 from packload.core.cpus import usable_cores
 from packload.core.display import terminal_safe
 from packload.core.errors import PackFormatError, SkippedFileError, UsageError, WriteError
-from packload.core.format import RAY_RUN_NAME, RecordMeta, pack_size
+from packload.core.format import (
+    INDEX_NAME,
+    MANIFEST_NAME,
+    PROGRESS_KEY,
+    RAY_RUN_NAME,
+    SHARD_HEADER,
+    RecordMeta,
+    pack_size,
+    shard_number,
+)
+from packload.core.lmdb_pages import file_keys
 from packload.core.manifest import build_manifest, ignored_count, skipped_count
 from packload.core.progress import progress_bar
 from packload.core.remote import is_url
@@ -41,6 +51,7 @@ from packload.packer.destination import (
     check_partial,
     creation_error,
     exists,
+    is_task_folder_name,
     partial_path,
     publish,
     remove_ours,
@@ -48,8 +59,10 @@ from packload.packer.destination import (
 )
 from packload.packer.destination_lock import DestinationLock
 from packload.packer.encode import Encoded, EncodeOptions, Skipped, encode_chunk
+from packload.packer.pack_url import pack_to_url
 from packload.packer.resume_options import options_changed, options_from_record
 from packload.packer.write_lmdb import LmdbWriter
+from packload.packer.url_destination import pack_name
 from packload.packer.write_shards import ShardsWriter
 
 DEFAULT_SHARD_SIZE = 256 << 20
@@ -212,8 +225,9 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: s
     """Pack the ImageFolder tree ``src`` into ``dst`` (an LMDB file or a shards folder).
 
     ``dst`` may be a URL (``s3://bucket/train.shards``, ``gs://...``, any fsspec URL): the pack is
-    then written through ``packer.upload.pack_to_url`` (shards uploaded as they are finished, the
-    manifest last), ``storage_options`` going to fsspec (an endpoint, credentials).
+    then written through ``packer.pack_url`` (shards uploaded as they are finished, the manifest
+    last; the destination's rules are ``packer.url_destination``'s), ``storage_options`` going to
+    fsspec (an endpoint, credentials).
 
     Files that fail their check are skipped and listed in the manifest (``strict=True`` makes the
     first one an error). ``shard_sink`` takes each finished shard away (``packer.upload``; shards
@@ -222,10 +236,10 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: s
     another command writing ``dst`` at the same time is refused. Returns a summary: counts, sizes,
     time and rates.
     """
-    if is_url(dst) and shard_sink is None:
-        from packload.packer.upload import pack_to_url  # noqa: PLC0415 - it imports this module
-
-        return pack_to_url(src, str(dst), backend=backend, options=options, workers=workers, shard_size=shard_size,
+    if is_url(dst) and shard_sink is None:  # the one place a URL destination is dispatched
+        url = str(dst)
+        return pack_to_url(src, url, local_pack=pack, backend=backend_for(Path(pack_name(url)), backend),
+                           options=options, workers=workers, shard_size=shard_size,
                            overwrite=overwrite, resume=resume, strict=strict, progress=progress,
                            checkpoint_every=checkpoint_every, storage_options=storage_options)
     started = time.perf_counter()
@@ -305,10 +319,10 @@ def _open_writer(scan: ScanResult, tmp: Path, backend: str, shard_size: int, opt
             return writer, start, skipped
         remove_ours(tmp)  # killed before its first checkpoint: nothing to keep
     elif leftover:
-        if not overwrite:
+        if not overwrite and not nothing_to_resume(tmp):
             raise UsageError(f"{tmp}: an unfinished pack is there; add --resume to finish it, "
                              "or --overwrite to start over")
-        remove_ours(tmp)
+        remove_ours(tmp)  # replaced (--overwrite), or it holds nothing a resume would keep
     return _new_writer(tmp, backend, shard_size, map_size, options_record), 0, []
 
 
@@ -337,22 +351,54 @@ def _new_writer(tmp: Path, backend: str, shard_size: int, map_size: int,
 def _write_or_keep(scan: ScanResult, writer: ShardsWriter | LmdbWriter, start: int, skipped: list[dict[str, Any]],
                    options: EncodeOptions, options_record: dict[str, Any], workers: int, strict: bool,
                    progress: bool, checkpoint_every: int | None, dst: Path, tmp: Path) -> dict[str, Any]:
-    """``_write_all``, with write failures as one line; the unfinished pack is kept for ``--resume``."""
+    """``_write_all``, with write failures as one line; the unfinished pack is kept for ``--resume``
+    when it holds a record, and removed when it holds none (nothing to resume: the same command,
+    run again, simply starts again)."""
     try:
         return _write_all(scan, writer, start, skipped, options, options_record, workers, strict, progress,
                           checkpoint_every)
     except WriteError:
-        writer.close()
+        _close_keeping(writer, tmp)
         raise
     except OSError as exc:
-        writer.close()
+        kept = _close_keeping(writer, tmp)
         if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+            then = f"then rerun with --resume; the unfinished pack is at {tmp}" if kept else "then pack again"
             raise WriteError(f"{dst}: {exc.strerror} while writing; free space (or raise the file-size "
-                             f"limit), then rerun with --resume; the unfinished pack is at {tmp}") from None
-        raise WriteError(f"{dst}: write failed ({exc.strerror or exc}); the unfinished pack is at {tmp}") from None
+                             f"limit), {then}") from None
+        where = f"; the unfinished pack is at {tmp}" if kept else ""
+        raise WriteError(f"{dst}: write failed ({exc.strerror or exc}){where}") from None
     except BaseException:
-        writer.close()
+        _close_keeping(writer, tmp)
         raise
+
+
+def _close_keeping(writer: ShardsWriter | LmdbWriter, tmp: Path) -> bool:
+    """Close ``writer`` after a failure; keep the unfinished pack ``tmp`` only when it holds a record
+    (something ``--resume`` would keep). Whether it was kept."""
+    writer.close()
+    if writer.index.count:
+        return True
+    if exists(tmp):
+        remove_ours(tmp)
+    return False
+
+
+def nothing_to_resume(tmp: Path) -> bool:
+    """Whether the unfinished pack ``tmp`` (ours, checked) holds nothing ``--resume`` would keep: no
+    shard with a record in it, no index, no manifest (a pack killed before its first record); an
+    LMDB file with no key but its progress record. A Ray run's is never judged so."""
+    if os.path.isdir(tmp) and not os.path.islink(tmp):
+        names = set(os.listdir(tmp))
+        if names & {RAY_RUN_NAME, INDEX_NAME, MANIFEST_NAME} or any(is_task_folder_name(name) for name in names):
+            return False
+        return all(os.path.getsize(tmp / name) <= SHARD_HEADER.itemsize for name in names if shard_number(name) is not None)
+    try:
+        if os.path.getsize(tmp) == 0:
+            return True
+        return set(file_keys(str(tmp))) <= {PROGRESS_KEY}
+    except (OSError, PackFormatError):
+        return False
 
 
 def write_or_skip(item: Encoded | Skipped, pos: int, root: str | Path, writer: ShardsWriter | LmdbWriter,

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from packload.core.errors import UsageError
-from packload.core.format import INDEX_NAME, MANIFEST_NAME, RAY_RUN_NAME, shard_number
+from packload.core.format import INDEX_NAME, MANIFEST_NAME, RAY_RUN_NAME
 from packload.core.manifest import encode_manifest
 from packload.core.remote import RemoteStore
 from packload.packer.combine import ShardSource
@@ -48,6 +48,7 @@ from packload.packer.ray_url_tasks import (
     remote_task_source,
 )
 from packload.packer.upload import prepare_destination, upload_pack
+from packload.packer.url_destination import inspect
 
 
 def check_pack_url(url: str) -> str:
@@ -124,18 +125,14 @@ class UrlTarget:
         return RemoteStore(self.task_out(k), self.staging.storage_options)
 
     def check(self, overwrite: bool) -> None:
-        """Before the scan: the bucket exists, nothing but a pack is at the URL, and a finished pack
-        there is replaced only with ``overwrite``."""
+        """Before the scan: the bucket exists, nothing but a pack of ours is at the URL (the rules of
+        ``packer.url_destination``), and a finished pack there is replaced only with ``overwrite``."""
         self.store.check_bucket()
-        if self.store.kind() == "object":
-            raise UsageError(f"{self.destination}: an object (not a shards pack) is stored there; choose another "
+        found = inspect(self.store)  # anything not packload's there is refused, with or without overwrite
+        if found.is_object:
+            raise UsageError(f"{self.store.shown}: an object (not a shards pack) is stored there; choose another "
                              "URL, or delete it first")
-        listing = self.store.listing()
-        strangers = sorted(name for name in listing if name not in (MANIFEST_NAME, INDEX_NAME)
-                           and shard_number(name) is None)
-        if strangers:
-            raise UsageError(f"{self.destination}: holds objects that are not a pack's ({strangers[0]}, ...); "
-                             "choose another URL, it is never overwritten")
+        listing = found.listing
         if MANIFEST_NAME in listing and not overwrite:
             raise UsageError(f"{self.destination}: exists; add --overwrite to replace it")
 
@@ -214,6 +211,7 @@ class UrlLmdbTarget:
         self.storage_options = storage_options
         self.store = RemoteStore(self.destination, storage_options)
         self.staging = RemoteStore(self.destination + TASKS_SUFFIX, storage_options)
+        self.overwrite = False  # what ``check`` allowed: the upload replaces an old pack only then
 
     def task_out(self, k: int) -> str:
         """Where task ``k`` stages its folder."""
@@ -224,8 +222,9 @@ class UrlLmdbTarget:
 
     def check(self, overwrite: bool) -> None:
         """Before the scan, as ``pack --engine local`` to a URL: the bucket exists; a pack there is
-        replaced only with ``overwrite`` (deleted now), anything else there never is."""
+        replaced only with ``overwrite`` (once the new one is uploaded), anything else there never is."""
         prepare_destination(self.destination, overwrite, self.storage_options)
+        self.overwrite = overwrite
 
     def previous(self, now: dict[str, Any], task_files: int | None, resume: bool, overwrite: bool,
                  root: str) -> dict[str, Any] | None:
@@ -253,7 +252,7 @@ class UrlLmdbTarget:
         with tempfile.TemporaryDirectory(prefix="packload-staging-") as tmp:
             local = Path(tmp) / name
             join_lmdb(self._fetched(sources, Path(tmp)), local, files, manifest)
-            upload_pack(local, self.destination, False, self.storage_options)
+            upload_pack(local, self.destination, self.overwrite, self.storage_options)
         clear_staging(self.staging, self.staging.listing_all())
 
     def _fetched(self, sources: list[ShardSource], tmp: Path) -> Iterator[ShardSource]:

@@ -157,12 +157,9 @@ def run_pack(args: argparse.Namespace) -> int:
         if is_url(args.src):
             raise UsageError(f"{args.src}: a source at a URL is packed with --engine ray (its tasks fetch the "
                              "objects); add --engine ray, or copy the images to a local folder first")
-        write = pack
-        if is_url(args.dst):  # shards uploaded as they are finished, the manifest last
-            from packload.packer.upload import pack_to_url as write
-        result = write(args.src, args.dst, backend=args.format, options=options, workers=args.workers,
-                       shard_size=args.shard_size, overwrite=args.overwrite, resume=args.resume,
-                       strict=args.strict, progress=not (args.quiet or args.json))
+        result = pack(args.src, args.dst, backend=args.format, options=options, workers=args.workers,
+                      shard_size=args.shard_size, overwrite=args.overwrite, resume=args.resume,
+                      strict=args.strict, progress=not (args.quiet or args.json))
     lines = [pack_summary(result)]
     if result["skipped"] or result["ignored"]:
         lines.append(f"skipped {result['skipped']} broken file(s), left out {result['ignored']} other file(s); "

@@ -35,6 +35,7 @@ from packload.core.format import INDEX_NAME, MANIFEST_NAME, decode_index, pack_s
 from packload.core.manifest import build_manifest, encode_manifest, ignored_count, skipped_count
 from packload.core.progress import progress_bar
 from packload.core.remote import download_pack, is_url
+from packload.core.urls import display_url
 from packload.packer.combine import ShardSource, copy_records, joined_index, label_map, place_shards
 from packload.packer.destination import (
     check_apart,
@@ -52,6 +53,7 @@ from packload.packer.destination import (
 from packload.packer.destination_lock import DestinationLock
 from packload.packer.pipeline import LMDB_MAP_PER_FILE, backend_for
 from packload.packer.upload import upload_pack
+from packload.packer.url_destination import UrlDestination
 from packload.packer.write_lmdb import LmdbWriter
 from packload.packer.write_shards import ShardsWriter, fsync_dir, write_file_atomic
 
@@ -219,8 +221,13 @@ def merge(out: str | os.PathLike[str], inputs: list[str | os.PathLike[str]], *, 
 
 def _merge_remote(out: str | os.PathLike[str], inputs: list[str | os.PathLike[str]], *, backend: str | None,
                   overwrite: bool, progress: bool) -> dict[str, Any]:
-    """``merge`` with inputs or ``out`` at URLs, through a temporary folder."""
+    """``merge`` with inputs or ``out`` at URLs, through a temporary folder. An ``out`` URL is checked
+    first (``packer.url_destination``: anything there but a pack of ours is refused, a pack needs
+    ``overwrite``), before any input is fetched, and replaced only once the merged pack is ready."""
     started = time.perf_counter()
+    destination = UrlDestination(str(out), overwrite) if is_url(out) else None
+    if destination is not None:
+        destination.check()
     with tempfile.TemporaryDirectory(prefix="packload-merge-") as folder:
         local_inputs: list[str | os.PathLike[str]] = []
         for k, item in enumerate(inputs):
@@ -229,15 +236,15 @@ def _merge_remote(out: str | os.PathLike[str], inputs: list[str | os.PathLike[st
                 local_inputs.append(download_pack(str(item), os.path.join(folder, f"input-{k}")))
             else:
                 local_inputs.append(item)
-        if not is_url(out):
+        if destination is None:
             result = merge(out, local_inputs, backend=backend, overwrite=overwrite, progress=progress)
         else:
-            name = str(out).rstrip("/").rsplit("/", 1)[-1]
-            local_out = Path(folder) / name
+            local_out = Path(folder) / destination.name
             result = merge(local_out, local_inputs, backend=backend, overwrite=False, progress=progress)
             upload_pack(local_out, str(out), overwrite)
-            result["destination"] = str(out).rstrip("/")
-    return dict(result, inputs=[str(p) for p in inputs], seconds=round(time.perf_counter() - started, 3))
+            result["destination"] = destination.shown
+    shown = [display_url(str(p)) if is_url(p) else str(p) for p in inputs]
+    return dict(result, inputs=shown, seconds=round(time.perf_counter() - started, 3))
 
 
 def _merge_into(readers: list[Any], tmp: Path, backend: str, out_path: Path,

@@ -15,11 +15,16 @@ from packload.cli import main  # noqa: E402
 from packload.core.errors import IncompletePackError, WriteError  # noqa: E402
 from packload.loaders.read import PackReader  # noqa: E402
 from packload.packer import pipeline, upload  # noqa: E402
-from packload.packer.upload import pack_to_url  # noqa: E402
+from packload.packer.pack_url import pack_to_url as pack_to_url_with  # noqa: E402
 from tests.image_factory import make_image_folder  # noqa: E402
 from tests.object_store import ObjectStore  # noqa: E402
 
 SHARD = 1 << 16
+
+
+def pack_to_url(src, url, **kw):
+    """``pack()`` to a URL, with the staging folder of the test's choosing."""
+    return pack_to_url_with(src, url, local_pack=pipeline.pack, backend="shards", **kw)
 
 
 @pytest.fixture(scope="module")
@@ -97,26 +102,31 @@ def test_shards_leave_staging_as_they_are_uploaded(env, images, tmp_path, monkey
     assert list(staging.iterdir()) == []  # the staging folder is gone once the pack is up
 
 
-def test_failed_pack_to_s3_leaves_no_manifest(env, images, tmp_path, monkeypatch, capsys):
+def test_failed_pack_to_s3_leaves_nothing_and_the_same_command_starts_again(env, images, tmp_path, monkeypatch,
+                                                                            capsys):
+    """A pack stopped just before the end removes the shards it uploaded (a pack at a URL cannot be
+    resumed by the local engine); one killed outright leaves shards without a manifest, which
+    readers refuse and the same command, run again, replaces."""
     def stop(*args):
-        raise KeyboardInterrupt  # killed just before the end
+        raise KeyboardInterrupt  # stopped just before the end
     monkeypatch.setattr(pipeline, "_publish", stop)
     url = f"s3://upl/{tmp_path.name}/k.shards"
     with pytest.raises(KeyboardInterrupt):
         pack_to_url(images, url, shard_size=SHARD, progress=False)
-    names = [p.rsplit("/", 1)[-1] for p in env.filesystem().ls(f"upl/{tmp_path.name}/k.shards")]
-    assert any(n.startswith("shard-") for n in names) and "manifest.json" not in names
-    with pytest.raises(IncompletePackError, match="did not finish"):
-        PackReader(url)
+    assert not env.filesystem().exists(f"upl/{tmp_path.name}/k.shards")
     monkeypatch.undo()
     monkeypatch.setenv("AWS_ENDPOINT_URL", env.proxy.endpoint)
-    _, err = _run(capsys, ["pack", str(images), url, "--quiet"], expect=2)
-    assert "unfinished pack is there" in err and "--overwrite" in err and err.count("\n") == 1
-    _run(capsys, ["pack", str(images), url, "--quiet", "--overwrite"])
+    fs = env.filesystem()
+    local = tmp_path / "local.shards"
+    pipeline.pack(images, local, shard_size=SHARD, progress=False)
+    fs.put(str(local / "shard-00000.bin"), f"upl/{tmp_path.name}/k.shards/shard-00000.bin")  # killed: no manifest
+    with pytest.raises(IncompletePackError, match="did not finish"):
+        PackReader(url)
+    _run(capsys, ["pack", str(images), url, "--quiet"])  # the same command: it starts again
     assert len(_records(url)[0]) == 36
 
 
-def test_failed_upload_is_one_line_and_leaves_no_manifest(env, images, tmp_path, monkeypatch):
+def test_failed_upload_is_one_line_and_leaves_nothing(env, images, tmp_path, monkeypatch):
     sent = []
     real = upload.RemoteStore.upload
 
@@ -130,8 +140,8 @@ def test_failed_upload_is_one_line_and_leaves_no_manifest(env, images, tmp_path,
     url = f"s3://upl/{tmp_path.name}/f.shards"
     with pytest.raises(WriteError, match="did not answer"):
         pack_to_url(images, url, shard_size=SHARD, progress=False)
-    names = [p.rsplit("/", 1)[-1] for p in env.filesystem().ls(f"upl/{tmp_path.name}/f.shards")]
-    assert "manifest.json" not in names and "index.bin" not in names
+    assert sent[0].startswith("shard-")  # one shard went up before the failure
+    assert not env.filesystem().exists(f"upl/{tmp_path.name}/f.shards")  # and was removed after it
 
 
 def test_pack_refuses_missing_bucket_existing_pack_and_strangers(env, images, tmp_path, capsys):
@@ -143,10 +153,10 @@ def test_pack_refuses_missing_bucket_existing_pack_and_strangers(env, images, tm
     assert "a pack is there" in err and "--overwrite" in err
     env.filesystem().pipe_file(f"upl/{tmp_path.name}/mine/notes.txt", b"keep me")
     _, err = _run(capsys, ["pack", str(images), f"s3://upl/{tmp_path.name}/mine", "--quiet", "--overwrite"], expect=2)
-    assert "not a pack's" in err and env.filesystem().cat(f"upl/{tmp_path.name}/mine/notes.txt") == b"keep me"
+    assert "not a pack of packload's" in err and env.filesystem().cat(f"upl/{tmp_path.name}/mine/notes.txt") == b"keep me"
     _, err = _run(capsys, ["pack", str(images), f"s3://upl/{tmp_path.name}/mine", "--engine", "ray", "--overwrite"],
                   expect=2)  # the Ray engine refuses the same, before it starts Ray
-    assert "not a pack's" in err and env.filesystem().cat(f"upl/{tmp_path.name}/mine/notes.txt") == b"keep me"
+    assert "not a pack of packload's" in err and env.filesystem().cat(f"upl/{tmp_path.name}/mine/notes.txt") == b"keep me"
     _, err = _run(capsys, ["pack", str(images), url, "--resume"], expect=2)
     assert "--resume does not apply" in err
 
