@@ -140,3 +140,19 @@ def test_lengths_that_point_anywhere_do_not_raise() -> None:
         for pos in rng.integers(2, len(data), 4):
             damaged[pos] = int(rng.integers(0, 256))
         assert count_scans(bytes(damaged)) >= 0
+
+
+def test_the_shortest_scans_still_count() -> None:
+    """Scans of no data and the shortest header (10 bytes each): the smallest file past the bound is
+    still refused, however short (the length shortcut never lets one through)."""
+    scan = b"\xff\xda\x00\x08\x01\x01\x00\x00\x3f\x00"
+    for count, refused in ((MAX_JPEG_SCANS, False), (MAX_JPEG_SCANS + 1, True)):
+        data = b"\xff\xd8" + scan * count + b"\xff\xd9"
+        assert count_scans(data, stop_after=10**6) == count
+        assert too_many_scans(data) is refused
+
+
+def test_the_error_is_packloads_and_a_decoders() -> None:
+    from packload.core.errors import PackloadError
+
+    assert issubclass(TooManyScansError, PackloadError) and issubclass(TooManyScansError, ValueError)

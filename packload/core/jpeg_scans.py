@@ -21,18 +21,21 @@ import re
 
 import numpy as np
 
+from packload.core.errors import PackloadError
+
 MAX_JPEG_SCANS: int = 500
 """The most scans a JPEG may have to be packed or decoded (libjpeg-turbo's tools and fuzzers use 500)."""
 
 JPEG_START = b"\xff\xd8\xff"  # start of image, then the first marker
 _SOS = 0xDA
 _EOI = 0xD9
+_MIN_SCAN_BYTES = 10  # an SOS marker and the shortest scan header (one component), with no data
 _STANDALONE = frozenset({0x01, *range(0xD0, 0xD8)})  # TEM and RST0-7 carry no length
 # Where a decoder (libjpeg's next_marker) finds the next marker after bytes it does not expect.
 _NEXT_MARKER = re.compile(rb"\xff[^\x00\xff]")
 
 
-class TooManyScansError(ValueError):
+class TooManyScansError(PackloadError, ValueError):
     """A JPEG with more scans than ``MAX_JPEG_SCANS``: treated as any record that cannot be decoded
     (a ``ValueError``, as decoders raise): skipped and listed at pack time, an error naming the
     record at read time."""
@@ -97,7 +100,7 @@ def too_many_scans(data: bytes | memoryview) -> bool:
     """Whether ``data`` is a JPEG with more than ``MAX_JPEG_SCANS`` scans. Anything else (not a JPEG,
     or a JPEG within the bound) is False. Most JPEGs are decided by one vectorised count of the SOS
     marker's two bytes (an upper bound on the scans), without walking their segments."""
-    if data[:3] != JPEG_START:
+    if data[:3] != JPEG_START or len(data) <= MAX_JPEG_SCANS * _MIN_SCAN_BYTES:  # too short to hold that many
         return False
     if _sos_pairs(data) <= MAX_JPEG_SCANS:  # the two bytes every scan starts with
         return False
