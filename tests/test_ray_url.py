@@ -172,12 +172,17 @@ def test_an_lmdb_pack_at_a_url_is_replaced_only_with_overwrite(ray_here: LocalRa
                                                                source: Path, local_lmdb: Path,
                                                                tmp_path: Path) -> None:
     url = f"s3://{BUCKET}/out/again.lmdb"
-    RemoteStore(url, store.options).write_bytes("", b"an older pack")
-    with pytest.raises(PackloadError, match="exists; add --overwrite"):
+    RemoteStore(url, store.options).upload(local_lmdb, "")  # an older pack of packload's
+    with pytest.raises(PackloadError, match="a pack is there; add --overwrite"):
         pack_ray(source, url, task_files=TASK_FILES, progress=False, storage_options=store.options)
-    assert RemoteStore(url, store.options).read_object("") == b"an older pack"  # untouched
+    assert RemoteStore(url, store.options).read_object("") == local_lmdb.read_bytes()  # untouched
     pack_ray(source, url, task_files=TASK_FILES, progress=False, overwrite=True, storage_options=store.options)
     _same_lmdb(url, store, local_lmdb, tmp_path)
+    mine = f"s3://{BUCKET}/out/mine.lmdb"
+    RemoteStore(mine, store.options).write_bytes("", b"a user's own file")
+    with pytest.raises(PackloadError, match="not a pack of packload's"):  # with --overwrite too
+        pack_ray(source, mine, task_files=TASK_FILES, progress=False, overwrite=True, storage_options=store.options)
+    assert RemoteStore(mine, store.options).read_object("") == b"a user's own file"
 
 
 def test_an_lmdb_pack_at_a_url_resumes_from_the_store(ray_here: LocalRay, store: ObjectStore, source: Path,
