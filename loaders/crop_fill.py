@@ -30,6 +30,7 @@ from PIL import Image
 
 from packload.core import resize_kernel
 from packload.core.format import FORMAT_CODE
+from packload.core.jpeg_scans import too_many_scans
 from packload.loaders.crop import CenterCrop, interleaved, resize, scaled_boxes
 from packload.loaders.decode import DECODE_ERRORS, JPEG_START, dct_scales, simplejpeg
 from packload.loaders.jpeg_fill import fill_jpegs
@@ -137,7 +138,7 @@ class CropFill:
             got_h, got_w = -(-height * scales[k] // 8), -(-width * scales[k] // 8)
             try:  # the index's size must be the header's, as on every route; then a decode at the
                 # scale the index gives (the buffer is sized from the index, so nothing larger fits)
-                if tuple(simplejpeg.decode_jpeg_header(view)[:2]) != (height, width):
+                if tuple(simplejpeg.decode_jpeg_header(view)[:2]) != (height, width) or too_many_scans(view):
                     return False  # the general route names the record
                 pixels = simplejpeg.decode_jpeg(view, colorspace="RGB", fastdct=self.fast_idct, min_height=got_h,
                                                 min_width=got_w, buffer=self.scratch)

@@ -29,6 +29,7 @@ import torch
 from PIL import Image
 
 from packload.core.errors import UsageError
+from packload.core.jpeg_scans import too_many_scans
 from packload.loaders.crop import CenterCrop
 from packload.loaders.dataset import PackedImageFolder
 from packload.loaders.gpu_batch import BatchPlan, crop_resize_flip, plan_batch
@@ -274,6 +275,17 @@ class GpuBatches:
         data, offsets, chosen_labels = self.dataset.get_encoded_batch(plan.positions[rows])
         bounds = offsets.tolist()
         payloads = [data[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+        labels[rows] = chosen_labels.numpy()
+        # A JPEG of more scans than allowed never reaches the GPU decoder: the CPU path refuses it, with
+        # the error (or the skip) every other route gives it.
+        scanned = np.array([not too_many_scans(memoryview(p.numpy())) for p in payloads], dtype=bool)
+        if not scanned.all():
+            left_out, rows = rows[~scanned], rows[scanned]
+            payloads = [p for p, ok in zip(payloads, scanned.tolist(), strict=True) if ok]
+            if not len(rows):
+                return np.union1d(plan.host_rows, left_out).astype(np.int64)
+        else:
+            left_out = np.zeros(0, dtype=np.int64)
         boxes = plan.boxes[rows]
         try:
             decoded = self.decoder.decode(payloads, boxes, stream)
@@ -285,7 +297,6 @@ class GpuBatches:
         decoded = [_placed(result, boxes[k], int(entries["height"][k]), int(entries["width"][k]))
                    for k, result in enumerate(decoded)]
         good = [k for k, result in enumerate(decoded) if result is not None]
-        labels[rows] = chosen_labels.numpy()
         if good:
             ok_rows = rows[good]
             target = images if len(ok_rows) == len(images) else torch.empty(
@@ -298,7 +309,7 @@ class GpuBatches:
         if not good:
             self._warn(f"{self.decoder.name} decoded none of a batch's {len(rows)} JPEGs: the CPU decodes them")
         left = np.setdiff1d(rows, rows[good] if good else np.zeros(0, dtype=np.int64))
-        return np.union1d(plan.host_rows, left).astype(np.int64)
+        return np.union1d(np.union1d(plan.host_rows, left), left_out).astype(np.int64)
 
     def _decode_on_host(self, plan: BatchPlan, rows: np.ndarray, images: torch.Tensor, labels: np.ndarray,
                         draws: Draws) -> None:

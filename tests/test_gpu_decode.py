@@ -280,3 +280,38 @@ def test_a_decoder_that_decodes_nothing_leaves_the_batch_to_the_cpu_with_one_war
     assert len(caught) == 1, "one warning, not one per batch"
     for (images, labels), (want, want_labels) in zip(got, cpu, strict=True):
         assert images.is_contiguous() and torch.equal(images, want) and torch.equal(labels, want_labels)
+
+
+def test_a_jpeg_of_too_many_scans_never_reaches_the_gpu_decoder(tmp_path, on_the_cpu):
+    """It goes to the CPU path, which refuses it as every route does (here: the error naming it)."""
+    import io
+
+    from PIL import Image
+
+    from packload.core.errors import PackFormatError
+    from packload.core.jpeg_scans import too_many_scans
+    from packload.loaders.random_crop import Draws
+    from tests.image_factory import textured_rgb
+    from tests.jpeg_scan_factory import many_scan_jpeg
+    from tests.reliability.crafted import craft_pack
+
+    items = []
+    for k in range(5):
+        buffer = io.BytesIO()
+        Image.fromarray(textured_rgb((64, 48), k)).save(buffer, "JPEG", quality=90)
+        items.append((f"a/{k}.jpg", 0, buffer.getvalue()))
+    items.append(("a/many.jpg", 0, many_scan_jpeg(700)))  # packing refuses it: a pack from elsewhere
+    craft_pack(tmp_path / "p.shards", items)
+    ds = PackedImageFolder(tmp_path / "p.shards")
+    bad = next(k for k in range(len(ds)) if ds.path(k).endswith("many.jpg"))
+    seen = []
+
+    class Watching(_StandInDecoder):
+        def decode(self, payloads, boxes, stream):
+            seen.extend(bytes(p.numpy()) for p in payloads)
+            return super().decode(payloads, boxes, stream)
+
+    batches = GpuBatches(ds, CenterCrop(24), 0.0, True, "cuda", decoder=Watching(False))
+    with pytest.raises(PackFormatError, match=rf"{ds.path(bad)}.*more than 500 scans"):
+        batches.build(np.arange(len(ds)), Draws(0))
+    assert len(seen) == len(ds) - 1 and not any(too_many_scans(p) for p in seen)
