@@ -257,7 +257,7 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: s
     with DestinationLock(dst_path):
         check_destination(dst_path, overwrite)
         scan = scan_folder(src_path)
-        scan.check_splits(strict)
+        scan.check_layout(strict)
         if strict:
             scan.refuse_not_regular()
         tmp = partial_path(dst_path)

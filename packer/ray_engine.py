@@ -129,7 +129,7 @@ def pack_ray(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backen
         try:
             ray_ready = time.perf_counter()
             scan, where = scan_in_tasks(ray, src, top, root, max_retries, storage_options)
-            scan.check_splits(strict)
+            scan.check_layout(strict)
             if strict:
                 scan.refuse_not_regular()
             options_record = {"backend": target.backend, **asdict(options)}

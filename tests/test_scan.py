@@ -105,3 +105,32 @@ def test_real_classes_are_no_splits(tmp_path: Path) -> None:
     for name in ("train", "cat"):
         write_image(tmp_path / name / "a.png")
     assert not scan_folder(tmp_path).split_folders
+
+
+def test_one_class_folder_given_alone_warns_and_stops_under_strict(tmp_path: Path) -> None:
+    """A folder of images with no class folders, while the folder above holds other folders of images:
+    most likely one class of the dataset, given by mistake. A warning naming the folder above (an
+    error under strict); neither for an unlabelled folder without such neighbours."""
+    import warnings
+
+    from packload import pack
+    from packload.core.scan import sibling_image_folders
+
+    _tree(tmp_path / "photos", ["food/a.jpg", "food/b.png", "cars/c.jpg", ".hidden/d.jpg", "deeper/x/e.jpg"])
+    (tmp_path / "photos" / "notes").mkdir()
+    assert sibling_image_folders(tmp_path / "photos" / "food") == ["cars"]  # not hidden, empty, nor nested only
+    scan = scan_folder(tmp_path / "photos" / "food")
+    assert not scan.labelled
+    with pytest.warns(UserWarning, match=r"no class folders: packed unlabelled .*did you mean .*photos, whose "
+                                         r"folders of images \(food, cars\) would be the classes"):
+        scan.check_layout(strict=False)
+    with pytest.raises(UsageError, match="no class folders.*without --strict"):
+        scan.check_layout(strict=True)
+    with pytest.warns(UserWarning, match="no class folders"):
+        result = pack(tmp_path / "photos" / "food", tmp_path / "food.lmdb", workers=1, progress=False)
+    assert result["records"] == 2 and result["classes"] == 0
+    _tree(tmp_path / "alone", ["only/a.jpg", "only/b.jpg"])  # nothing beside it
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        scan_folder(tmp_path / "alone" / "only").check_layout(strict=True)
+        scan_folder(tmp_path / "photos").check_layout(strict=True)  # the classes themselves: nothing to say

@@ -81,12 +81,79 @@ class ScanResult:
             raise UsageError(message + ", or pack without --strict to pack them as classes")
         warnings.warn(message, UserWarning, stacklevel=3)
 
+    def check_unlabelled(self, strict: bool) -> None:
+        """Warn (an error under ``strict``) when the folder has no class folders, so it would be packed
+        unlabelled, while the folder above it holds other folders of images beside it: the source is
+        then most likely one class of the dataset, given by mistake, and the folder above the dataset.
+        A folder of images with no such siblings is packed unlabelled without a word."""
+        if self.labelled:
+            return
+        siblings = sibling_image_folders(self.root)
+        if not siblings:
+            return
+        parent = display_parent(self.root)
+        names = [self.root.resolve().name, *siblings]
+        shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+        done = "it would be packed unlabelled (labels -1)" if strict else "packed unlabelled (labels -1)"
+        message = (f"{self.root}: no class folders: {done}; did you mean {parent}, whose folders of images "
+                   f"({shown}) would be the classes?")
+        if strict:
+            raise UsageError(message + " Give that folder, or pack without --strict to pack this one unlabelled")
+        warnings.warn(message, UserWarning, stacklevel=3)
+
+    def check_layout(self, strict: bool) -> None:
+        """Both checks of the source's layout: dataset splits given as classes, one class given alone."""
+        self.check_splits(strict)
+        self.check_unlabelled(strict)
+
     def refuse_not_regular(self) -> None:
         """Under ``--strict``: an entry with an image's name that is not a regular file is an error."""
         if self.not_regular:
             item = self.not_regular[0]
             raise SkippedFileError(f"{self.root / item['path']}: {item['reason']}; remove it, or pack without "
                                    "--strict to leave it out and list it in the manifest")
+
+
+SIBLINGS_CHECKED = 64  # folders beside the source looked into, at most
+ENTRIES_CHECKED = 256  # entries of each looked at, at most, for an image
+
+
+def sibling_image_folders(root: str | os.PathLike[str]) -> list[str]:
+    """The names of the folders beside ``root`` (in its parent, hidden ones left out) that hold an
+    image at their top level, sorted; a bounded look (``SIBLINGS_CHECKED`` folders, ``ENTRIES_CHECKED``
+    entries each), and an empty list when the parent cannot be read."""
+    here = Path(root).resolve()
+    found: list[str] = []
+    if not here.is_dir():  # a source at a URL: its siblings are not looked for
+        return found
+    try:
+        with os.scandir(here.parent) as listing:
+            folders = sorted(e.name for e in listing if not e.name.startswith(".") and e.name != here.name
+                             and _is_dir(e))
+    except OSError:
+        return []
+    for name in folders[:SIBLINGS_CHECKED]:
+        try:
+            with os.scandir(here.parent / name) as entries:
+                for count, entry in enumerate(entries):
+                    if count >= ENTRIES_CHECKED:
+                        break
+                    if is_image_name(entry.name) and not entry.name.startswith(".") and entry.is_file():
+                        found.append(name)
+                        break
+        except OSError:
+            continue
+    return found
+
+
+def display_parent(root: Path) -> str:
+    """The folder above ``root`` as the user would write it: ``./photos`` for ``./photos/food``."""
+    parent = root.parent
+    if parent == root or str(root) in (".", ""):
+        return str(root.resolve().parent)
+    if parent.is_absolute() or parent.parts[:1] == ("..",):
+        return str(parent)
+    return "." if str(parent) == "." else f"./{parent}"
 
 
 def is_image_name(name: str) -> bool:
