@@ -16,11 +16,12 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from packload.core.cpus import usable_cores
+from packload.core.display import plural
 from packload.core.errors import UsageError
 from packload.core.storage import unwritable_reason
 from packload.diagnose.measure import time_loader
 from packload.diagnose.tune import format_report as format_tune_report
-from packload.diagnose.tune import tune
+from packload.diagnose.tune_inputs import tune_with_fast_path
 from packload.loaders.collate import collate_as_list, collate_uint8
 from packload.loaders.crop import CenterCrop
 from packload.loaders.dataset import PackedImageFolder
@@ -31,7 +32,7 @@ from packload.loaders.verify import verify
 from packload.packer.pipeline import pack
 from packload.packer.synthetic import make_imagenet_like
 
-TUNE_LINES = ("pick:", "verdict:", "one epoch:", "skipped", "note:")  # tune's lines the report repeats
+DEMO_STEP_MS = 50.0  # the emulated GPU step of the demo's tune, said in its report
 
 
 def _make_folder(root: Path) -> None:
@@ -101,29 +102,28 @@ def run_demo(folder: str | os.PathLike[str], count: int = 2000, progress: bool =
     with PackLoader(ds, batch, sampler=ds.sampler(seed=0), crop=CenterCrop(160), threads=workers) as fast:
         rates["decode+crop"]["PackLoader"] = time_loader(fast).samples_per_s
 
-    report = [f"packload demo: {count} ImageNet-like JPEGs in {images}"]
+    report = [f"packload demo: {plural(count, 'ImageNet-like JPEG')} in {images}"]
     for name, summary in packs.items():
-        report.append(f"  packed {name}: {summary['records']} images, {summary['pack_bytes'] / 1e6:.1f} MB "
+        report.append(f"  packed {name}: {plural(summary['records'], 'image')}, {summary['pack_bytes'] / 1e6:.1f} MB "
                       f"in {summary['seconds']:.1f} s ({summary['files_per_s']:.0f} files/s); "
                       f"verify: {'ok' if checks[name] else 'FAILED'}")
     report.append(f"  one epoch through a DataLoader (batch {batch}, samples/s, original files vs packs; bytes "
-                  f"read in the main process, decoding on {workers} workers):")
+                  f"read in the main process, decoding on {plural(workers, 'worker')}):")
     for kind, by_source in rates.items():
         base = by_source["folder"]
         cells = ", ".join(f"{src} {rate:,.0f}" + ("" if src == "folder" else f" ({rate / base:.1f}x)")
                           for src, rate in by_source.items())
         report.append(f"    {kind:12s} {cells}")
-    report.append(f"  (PackLoader: demo.shards with CenterCrop(160), batches built by {workers} threads instead of "
+    report.append(f"  (PackLoader: demo.shards with CenterCrop(160), batches built by {plural(workers, 'thread')} instead of "
                   "DataLoader workers; a warm page cache on a local disk is the smallest gap there is, on network "
                   "disks and cold caches the packs gain much more)")
 
-    # Tune: which DataLoader settings keep an (emulated) GPU step of 50 ms per batch busy?
+    # Tune: which DataLoader settings, or PackLoader's threads, keep an (emulated) GPU step busy? The
+    # whole report of `packload tune`: every trial a row, the pick and the verdict drawn from them.
     ds = PackedImageFolder(root / "demo.shards", transform=crop, decode_size=(160, 160))
-    tuned = tune(ds, batch_size=batch, step_ms=50.0, budget_s=tune_budget_s, collate_fn=collate_uint8,
-                 sampler=ds.sampler(seed=0), progress=progress)
-    report.append(f"  tune (GPU step emulated as 50 ms per batch of {batch}; `packload tune` for yours):")
-    report += [f"    {line.strip()}" for line in format_tune_report(tuned)
-               if line.strip().startswith(TUNE_LINES)]
+    tuned = tune_with_fast_path(ds, batch, 160, step_ms=DEMO_STEP_MS, budget_s=tune_budget_s, progress=progress)
+    report.append(f"  tune (GPU step emulated as {DEMO_STEP_MS:g} ms per batch of {batch}; `packload tune` for yours):")
+    report += [f"  {line}" for line in format_tune_report(tuned)]
     report += next_steps(root)
     return {"folder": str(root), "count": count, "packs": packs, "verified": checks,
             "samples_per_s": rates, "workers": workers, "batch_size": batch, "tune": tuned.as_dict(),

@@ -13,7 +13,9 @@ from packload.demo import run_demo
 
 def test_demo_generates_packs_loads_tunes_and_reports(tmp_path, capsys):
     assert main(["demo", "--dir", str(tmp_path / "d"), "--count", "120", "--json"]) == 0
-    result = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    assert captured.err == "", "with --json no progress line is written"
+    result = json.loads(captured.out)
     assert result["verified"] == {"demo.lmdb": True, "demo.shards": True}
     for name in ("demo.lmdb", "demo.shards"):
         assert result["packs"][name]["records"] == 120
@@ -24,6 +26,10 @@ def test_demo_generates_packs_loads_tunes_and_reports(tmp_path, capsys):
         assert all(rate > 0 for rate in result["samples_per_s"][kind].values())
     assert result["tune"]["verdict"] in ("input-bound", "compute-bound")
     assert any(line.strip().startswith("verdict:") for line in result["report"])
+    tuned = result["tune"]  # PackLoader tuned beside the DataLoader, against the same step
+    assert tuned["fast_path"] is not None and tuned["winner"] == tuned["trials"][tuned["winner_index"]]
+    pick_line = next(line for line in result["report"] if line.strip().startswith("pick (#"))
+    assert f"{tuned['winner']['samples_per_s']:,.0f} img/s" in pick_line  # the pick shows its row's figure
 
 
 def test_demo_refuses_a_tiny_count(tmp_path):
@@ -40,7 +46,7 @@ def test_demo_report_keeps_tune_pick_and_notes_and_ends_with_next_steps(tmp_path
     monkeypatch.setattr(demo, "format_tune_report", lambda result: [*real(result), "  note: a note from tune"])
     result = run_demo(tmp_path / "d", count=100, progress=False, tune_budget_s=2.0)
     report = [line.strip() for line in result["report"]]
-    assert any(line.startswith("pick:") for line in report)
+    assert any(line.startswith("pick (#") for line in report)
     assert "note: a note from tune" in report
     assert any(line.startswith("pack ./images ./data.lmdb") for line in report)
     assert any(line.startswith("packload tune ./data.lmdb") for line in report)

@@ -44,7 +44,17 @@ def datasets(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", ["images", "x.shards", "x.lmdb"])
-def test_doctor_end_to_end(datasets, name):
+def test_doctor_end_to_end(datasets, name, monkeypatch):
+    from packload.diagnose import stall as stall_module
+
+    passes = []
+    real_time_plan = stall_module.time_plan
+
+    def counted(plan, batch_size, workers, max_batches, pin_memory=False):
+        passes.append(max_batches)
+        return real_time_plan(plan, batch_size, workers, max_batches, pin_memory)
+
+    monkeypatch.setattr(stall_module, "time_plan", counted)
     path = str(datasets / name)
     report = doctor(path, batch_size=16, step_ms=5.0, workers=1, max_batches=3, repeats=1, crop=64, progress=False)
     assert schema_errors(report) == []
@@ -58,16 +68,23 @@ def test_doctor_end_to_end(datasets, name):
     lines = format_report(report)
     assert lines[0].startswith("packload doctor") and lines[-2].startswith("Verdict:")
     assert any("training step alone" in line for line in lines)
-    assert "Assumed a 5 ms GPU step per batch of 16 (as given)" in report["verdict"]
-    assert report["seconds"] < 60
+    assert "Assumed a GPU step of 5 ms per batch of 16 (as given)" in report["verdict"]
+    # the work is bounded: a cached and a storage pass (and at most one untimed pass to warm the
+    # cache), each of at most the batches asked for
+    assert 2 <= len(passes) <= 3 and set(passes) == {3} and report["seconds"] > 0
 
 
 def test_the_verdict_says_when_the_step_is_the_default(datasets):
-    """No --step-ms: the verdict says the 100 ms step was assumed, and how to measure the real one."""
+    """No --step-ms: the verdict says the 100 ms step was assumed, and how to measure the real one,
+    and the loop it assumed: the same default and the same loop as tune's."""
+    from packload.diagnose.training_loop import DEFAULT_STEP_MS, loop_words
+
     report = doctor(str(datasets / "images"), batch_size=16, workers=1, max_batches=2, repeats=1, crop=64,
                     progress=False)
-    assert "Assumed a 100 ms GPU step per batch of 16 (the default" in report["verdict"]
-    assert "packload.watch" in report["verdict"] and "--step-ms" in report["verdict"]
+    assert DEFAULT_STEP_MS == 100
+    assert "Assumed a GPU step of 100 ms per batch of 16 (the default" in report["verdict"]
+    assert "packload.watch" in report["verdict"] and "step_ms" in report["verdict"]
+    assert loop_words(True) in report["verdict"] and "with 1 DataLoader worker the next batches load" in report["verdict"]
 
 
 def test_many_tiny_pngs_are_flagged_pack_it(tmp_path):
@@ -147,6 +164,20 @@ def test_command_line(datasets, capsys):
     assert "Verdict:" in capsys.readouterr().out
     assert main(["doctor", str(datasets / "missing")]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+def test_the_command_lines_verdict_says_the_default_step_in_its_flags(datasets, capsys):
+    """`packload doctor PATH`: the verdict states the default step and the loop, as tune's does, and
+    names --step-ms (the command's flag), not the library's step_ms."""
+    from packload.cli import main
+
+    assert main(["doctor", str(datasets / "x.lmdb"), "--batch-size", "8", "--max-batches", "1", "--repeats", "1",
+                 "--crop", "16", "--workers", "0", "--quiet"]) == 0
+    [verdict] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Verdict:")]
+    assert "a GPU step of 100 ms per batch of 8 (the default: measure yours with packload.watch(loader) and give " \
+           "it as --step-ms)" in verdict
+    assert "waits for each step" in verdict and "loading in the main process (workers 0) adds to each step" in verdict
+    assert "step_ms" not in verdict
 
 
 def test_bad_options():

@@ -71,3 +71,15 @@ def test_stall_shares_and_bottleneck():
     assert bottleneck(stall_shares(100, 95, 95)) == "gpu"  # a 5 % wait is not worth chasing
     for shares in (prep, fetch):
         assert sum(shares.values()) == pytest.approx(1.0)
+
+
+def test_loading_in_the_main_process_of_a_waiting_loop_adds_to_each_step():
+    """The loop doctor assumes, as tune does, waits for each step: DataLoader workers load while the
+    step runs (the slower of the two counts), but with no workers the loading adds to every step."""
+    overlapped = stall_shares(step_rate=1000, prepare_rate=1000, fetch_rate=500)
+    assert overlapped == pytest.approx({"gpu_busy": 0.5, "prep_stall": 0.0, "fetch_stall": 0.5})
+    serial = stall_shares(step_rate=1000, prepare_rate=1000, fetch_rate=500, overlapped=False)
+    # 1 ms of step, 1 ms to prepare, 1 ms more to fetch: a third each
+    assert serial == pytest.approx({"gpu_busy": 1 / 3, "prep_stall": 1 / 3, "fetch_stall": 1 / 3})
+    assert bottleneck(stall_shares(100, 1000, 1000, overlapped=False)) == "gpu"  # 10x faster loading: a 9% wait
+    assert sum(serial.values()) == pytest.approx(1.0)

@@ -3,8 +3,9 @@
 Each sample of ``Sleepy`` waits a fixed number of milliseconds with ``time.sleep``, which uses no
 CPU, so throughput grows with the number of workers even on a 2-core machine, and the emulated
 GPU step waits too (``device="cpu"``: emulated even where CUDA is present, so the expected
-results hold on any machine; the tests marked for CUDA check the real step). Timings are never asserted exactly: verdicts, orderings with
-wide margins, and budgets.
+results hold on any machine; the tests marked for CUDA check the real step). No wall-clock figure
+is asserted: verdicts, the bounds a sleeping sample sets (a load only slows it), how the figures
+shown agree with each other, and the budget on a virtual clock.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from packload.core.errors import UsageError  # noqa: E402
 from packload.diagnose import loader_memory, tune_search  # noqa: E402
 from packload.diagnose.gpu_step import DummyStep  # noqa: E402
 from packload.diagnose.loader_config import LoaderConfigError, load_loader_config  # noqa: E402
+from packload.diagnose.training_loop import loop_words  # noqa: E402
 from packload.diagnose.tune import (  # noqa: E402
     TuneError,
     format_report,
@@ -77,7 +79,10 @@ def test_input_bound_verdict_and_the_cheapest_pick(input_bound):
     assert r.winner.num_workers >= 3  # 3 workers give ~75% of 4: outside any few-percent tolerance
     assert r.winner.gpu_wait > 0.3
     merged = aggregate(r.trials)
-    assert merged[(4, 2, False)].samples_per_s > 2 * merged[(1, 2, False)].samples_per_s
+    # a worker whose samples each sleep 4 ms delivers at most 250 a second, however loaded the
+    # machine (a load only slows it): more workers are what the pick needed
+    assert merged[(1, 2, False)].samples_per_s <= 1.25 * 250
+    assert r.winner.samples_per_s > 1.25 * 250 or r.winner.num_workers == 4
     band = (1 - r.tolerance) * r.fastest.samples_per_s
     assert r.winner.samples_per_s >= band
     cheaper = [t for t in merged.values() if cost(t.key) < cost(r.winner.key)]
@@ -86,7 +91,7 @@ def test_input_bound_verdict_and_the_cheapest_pick(input_bound):
     assert r.settings == {"num_workers": r.winner.num_workers, "prefetch_factor": r.winner.prefetch_factor,
                           "pin_memory": False, "persistent_workers": True}
     assert r.epoch_s == pytest.approx(4096 / r.winner.samples_per_s)
-    assert r.elapsed_s <= 8 + 2
+    assert r.winner in r.trials and r.fastest in r.trials, "the pick and the fastest are rows of the report"
 
 
 def test_compute_bound_verdict_and_a_cheap_pick(compute_bound):
@@ -99,10 +104,44 @@ def test_compute_bound_verdict_and_a_cheap_pick(compute_bound):
     assert r.step_samples_per_s == pytest.approx(16 / 0.050)
 
 
-def test_the_search_respects_its_budget():
-    start = time.perf_counter()
+class _VirtualClock:
+    """The search's clock, moved on only by the trials of ``_TimedRunner``."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def test_the_search_respects_its_budget(monkeypatch):
+    """On a virtual clock, each trial taking its start-up plus the steady time it is given (cut at the
+    deadline, as TrialRunner cuts it): no trial starts once the budget is spent, none runs past it,
+    and the search says the budget ended it."""
+    clock = _VirtualClock()
+    monkeypatch.setattr(tune_search, "time", clock)
+    started: list[float] = []
+
+    class _TimedRunner(_RatesRunner):
+        def run(self, workers, prefetch, pin, steady_s, deadline, phase):
+            started.append(clock.now)
+            clock.now = min(deadline, clock.now + 0.4 + steady_s)  # 0.4 s of start-up, then the steady part
+            trial = super().run(workers, prefetch, pin, steady_s, deadline, phase)
+            trial.startup_s = 0.4
+            return trial
+
+    runner = _TimedRunner({w: 100.0 * (w + 1) for w in range(9)}, step_rate=10_000.0)
+    start = clock.now
+    search = tune_search.Search(runner, 8, 0.04, 3.0, start, False, False)
+    search.run()
+    assert search.stopped == "budget" and len(started) >= 2
+    assert all(t < start + 3.0 for t in started), "no trial starts after the deadline"
+    assert clock.now <= start + 3.0, "no trial runs past it"
+    assert all(t.num_workers <= 8 for t in search.trials)
+
+
+def test_a_real_search_ends_on_its_budget():
     r = tune(Sleepy(3), 32, step_ms=5, budget_s=3, max_workers=8, progress=False)
-    assert time.perf_counter() - start <= 3 + 1.5
     assert r.stopped == "budget"
     assert r.trials and all(t.num_workers <= 8 for t in r.trials)
 
@@ -265,9 +304,9 @@ def test_a_loop_that_synchronises_gets_workers_where_loading_would_stall_it():
     assert waits.winner.num_workers >= 1, format_report(waits)
     merged = aggregate(waits.trials)
     assert merged[(0, None, False)].samples_per_s < 0.8 * waits.winner.samples_per_s
-    assert "waits for every step" in waits.message and waits.step["sync"] is True
+    assert loop_words(True) in waits.message and waits.step["sync"] is True
     never = tune(data, 16, step_ms=20, budget_s=10, max_workers=2, progress=False, device="cpu", sync=False)
-    assert "never waits" in never.message and never.step["sync"] is False
+    assert loop_words(False) in never.message and never.step["sync"] is False
     assert aggregate(never.trials)[(0, None, False)].samples_per_s > merged[(0, None, False)].samples_per_s
 
 
@@ -387,6 +426,9 @@ class _RatesRunner:
         self.rates, self.step_rate, self.batch_size = rates, step_rate, 16
         self.guard = loader_memory.MemoryGuard(margin_bytes=0)
         self.measured: list[int] = []
+
+    def finished(self, number, trial):  # TrialRunner announces each trial; nothing to show here
+        pass
 
     def run(self, workers, prefetch, pin, steady_s, deadline, phase):
         self.measured.append(workers)
@@ -521,7 +563,7 @@ def test_a_folder_with_broken_files_tunes_and_names_them(tmp_path):
     r = tune_path(root, batch_size=4, step_ms=5, budget_s=3, max_workers=1, progress=False, image_size=32)
     assert sorted(b["path"] for b in r.broken) == ["a/cut.jpg", "b/text.png"]
     assert r.samples_per_epoch == 12 and r.trials
-    assert any("left out 2 broken file(s)" in line and "a/cut.jpg" in line for line in format_report(r))
+    assert any("left out 2 broken files" in line and "a/cut.jpg" in line for line in format_report(r))
     for name in ("cut.jpg", "text.png"):
         (root / ("a" if name == "cut.jpg" else "b") / name).unlink()
     (root / "a" / "only.jpg").write_bytes(b"x")

@@ -1,11 +1,10 @@
 """How the tuner merges and picks measurements, and what it feeds a trial
-(``packload.diagnose.tune_search``): medians of repeats, the cheapest configuration within the
+(``packload.diagnose.tune_search``): a configuration's median trial, the cheapest configuration within the
 tolerance, endless sampler epochs, the memory guard's prediction, and batch sizes in bytes."""
 
 from __future__ import annotations
 
 import itertools
-import math
 from typing import Any
 
 import pytest
@@ -14,11 +13,15 @@ import torch
 from packload.diagnose import loader_memory
 from packload.diagnose.loader_memory import MemoryGuard, batch_nbytes
 from packload.diagnose.tune_search import (
+    FAST_PATH,
     Cycle,
     Trial,
     aggregate,
     cost,
+    median_trial,
+    rate_text,
     select,
+    trial_label,
 )
 
 
@@ -30,15 +33,28 @@ def trial(workers: int, prefetch: int | None, pin: bool, rate: float, **fields: 
     return Trial(workers, prefetch, pin, samples_per_s=rate, **values)
 
 
-def test_repeats_are_merged_into_their_median_and_failed_trials_dropped() -> None:
-    merged = aggregate([trial(2, 2, False, 100.0, noise=0.04, startup_s=1.0),
-                        trial(2, 2, False, 300.0, noise=0.02, startup_s=3.0, phase="confirm"),
-                        trial(2, 2, False, 0.0, batches=0),  # cut off before any window: not a measurement
+def test_repeats_are_represented_by_their_median_trial_and_failed_trials_dropped() -> None:
+    """A configuration measured several times stands as its median trial (the lower of two), the
+    trial itself: its figure is a row of the report, never a blend that no row shows."""
+    low = trial(2, 2, False, 100.0, noise=0.04, startup_s=1.0)
+    high = trial(2, 2, False, 300.0, noise=0.02, startup_s=3.0, phase="confirm")
+    merged = aggregate([high, low, trial(2, 2, False, 0.0, batches=0),  # cut off before any window: no measurement
                         trial(4, 2, False, 500.0)])
     assert set(merged) == {(2, 2, False), (4, 2, False)}
-    two = merged[(2, 2, False)]
-    assert two.samples_per_s == 200.0 and two.startup_s == 2.0 and two.batches == 80
-    assert two.noise == pytest.approx(0.04 / math.sqrt(2)) and two.phase == "coarse+confirm"
+    assert merged[(2, 2, False)] is low, "the lower of two: a lucky outlier never wins"
+    middle = trial(2, 2, False, 200.0, phase="confirm")
+    assert aggregate([high, low, middle])[(2, 2, False)] is middle
+    assert median_trial([high]) is high
+
+
+def test_the_pick_and_the_fastest_are_trials_as_measured() -> None:
+    trials = [trial(2, 2, False, 900.0), trial(4, 2, False, 1000.0), trial(2, 2, False, 960.0, phase="confirm"),
+              trial(4, 2, False, 980.0, phase="confirm")]
+    pick, fastest = select(trials, tolerance=0.1)
+    assert pick is trials[0] and fastest is trials[3]  # (2, 2): 900 and 960 -> 900; (4, 2): 1000 and 980 -> 980
+    assert rate_text(pick.samples_per_s) == "900 img/s"
+    assert trial_label(pick) == "workers=2 prefetch=2 pin=no" and trial_label((0, None, True)) == "workers=0 prefetch=- pin=yes"
+    assert trial_label(trial(3, None, False, 10.0, phase=FAST_PATH)) == "PackLoader threads=3"
 
 
 def test_the_pick_is_the_cheapest_configuration_within_the_tolerance() -> None:
@@ -49,7 +65,7 @@ def test_the_pick_is_the_cheapest_configuration_within_the_tolerance() -> None:
     assert select(trials, tolerance=0.15)[0].key == (2, 2, False)
     assert cost((0, None, False)) < cost((1, 2, False)) < cost((1, 4, False)) < cost((1, 4, True))
     tied = [trial(2, 2, False, 500.0, worker_pss_mb=90.0), trial(2, 2, False, 500.0, worker_pss_mb=40.0)]
-    assert select(tied, 0.0)[0].worker_pss_mb == 90.0  # one configuration: merged (the largest memory)
+    assert select(tied, 0.0)[0] is tied[0]  # one configuration: its median trial, the earlier on a tie
     with pytest.raises(RuntimeError, match="no trial completed"):
         select([trial(1, 2, False, 0.0, batches=0)], 0.04)
 

@@ -57,7 +57,35 @@ def test_an_input_bound_loop_is_called_so_with_the_command_to_run(clock: Clock) 
     assert s["step_ms"] == pytest.approx(10 * 10 / 9)  # the last step is counted when the epoch ends
     [line] = lines
     assert "75% of the time waiting for data" in line and "input-bound" in line
-    assert "packload tune PACK --batch-size 8 --step-ms 11" in line
+    assert "packload tune PATH_OF_YOUR_PACK --batch-size 8 --step-ms 11" in line  # no dataset to name
+
+
+def test_the_command_names_the_pack_the_loop_read(tmp_path) -> None:
+    """The suggested command names the pack (or folder) the watched loader reads, through a
+    DataLoader and a Subset, quoted for the shell when its path needs it."""
+    from PIL import Image
+    from torch.utils.data import DataLoader, Subset
+
+    from packload.loaders.folder import FolderImages
+
+    images = tmp_path / "my images"
+    for name in ("cat", "dog"):
+        (images / name).mkdir(parents=True)
+        for i in range(4):
+            Image.new("RGB", (8, 6), (60 * i, 20, 90)).save(images / name / f"{i}.png")
+    pack_path = tmp_path / "my images.lmdb"
+    packload.pack(images, pack_path, workers=1, progress=False)
+    dataset = packload.PackedImageFolder(pack_path)
+    loaders = {str(pack_path): DataLoader(dataset, batch_size=2, collate_fn=list),
+               f"{pack_path} (subset)": DataLoader(Subset(dataset, [0, 1, 2]), collate_fn=list),
+               str(images): DataLoader(FolderImages(images), collate_fn=list)}
+    for name, loader in loaders.items():
+        watched = packload.watch(loader, report=None, cuda=False)
+        assert len(list(watched)) > 0
+        watched.wait_s, watched.step_s = 3.0, 1.0  # three quarters of the time waiting: input-bound
+        path = name.removesuffix(" (subset)")
+        assert watch_module.watched_source(loader) == path
+        assert f"packload tune '{path}' --batch-size" in watched.line(), watched.line()
 
 
 def test_a_loop_the_data_keeps_up_with_is_compute_bound(clock: Clock) -> None:

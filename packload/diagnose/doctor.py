@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypedDict
 
+from packload.core.display import pack_phrase, plural
 from packload.core.errors import UsageError
 from packload.core.scan import scan_folder
 from packload.core.version import __version__
@@ -32,10 +33,10 @@ from packload.diagnose.stall import (
     pack_plan,
     samples_to_read,
 )
+from packload.diagnose.training_loop import DEFAULT_STEP_MS, DEFAULT_SYNC, assumed, resolve_step
 from packload.loaders.verify import info
 
 SCHEMA_VERSION = 1
-DEFAULT_STEP_MS = 100.0  # the step doctor measures against when none is given
 DEFAULT_MAX_BATCHES = 20
 
 _NUM, _STR, _BOOL, _INT = {"type": "number"}, {"type": "string"}, {"type": "boolean"}, {"type": "integer"}
@@ -157,15 +158,17 @@ def dataset_facts(path: str, many_files: int = 10_000,
         pack_facts = DatasetFacts(kind="pack", path=about["path"], samples=about["records"],
                                   classes=len(about["classes"]), bytes=about["pack_bytes"], files=None,
                                   mean_file_bytes=None, backend=about["backend"], encoding=about["encoding"])
-        return pack_facts, [check("dataset", "ok", f"a {about['backend']} pack ({about['encoding']}): {about['records']:,} "
-                             f"images, {len(about['classes'])} classes, {human_bytes(about['pack_bytes'])}")]
+        return pack_facts, [check("dataset", "ok", f"{pack_phrase(about['backend'])} ({about['encoding']}): "
+                                  f"{plural(about['records'], 'image')}, {plural(len(about['classes']), 'class')}, "
+                                  f"{human_bytes(about['pack_bytes'])}")]
     scan = scan_folder(path)
     sizes = [os.stat(scan.root / sample.path).st_size for sample in scan.samples]
     total = sum(sizes)
     facts = DatasetFacts(kind="folder", path=str(scan.root), samples=len(sizes), classes=len(scan.classes),
                          bytes=total, files=len(sizes), mean_file_bytes=total / len(sizes), backend=None,
                          encoding=None)
-    return facts, [check("dataset", "info", f"an image folder: {len(sizes):,} images, {len(scan.classes)} classes"),
+    return facts, [check("dataset", "info", f"an image folder: {plural(len(sizes), 'image')}, "
+                                            f"{plural(len(scan.classes), 'class')}"),
                    small_files_check(len(sizes), total, many_files, small_file_bytes)]
 
 
@@ -189,7 +192,7 @@ def broken_files_check(skipped: list[dict[str, str]], shown: int = 5) -> Check:
     """The files of a folder that were left out of the measurement as ``pack`` would skip them."""
     names = "; ".join(f"{item['path']} ({item['reason']})" for item in skipped[:shown])
     more = f"; and {len(skipped) - shown} more" if len(skipped) > shown else ""
-    return check("broken_files", "warn", f"{len(skipped)} broken file(s) among those measured, left out as pack "
+    return check("broken_files", "warn", f"{plural(len(skipped), 'broken file')} among those measured, left out as pack "
                  f"would skip them: {names}{more}",
                  "fix or remove them; `pack` skips them too and lists them (`packload info`)")
 
@@ -222,7 +225,7 @@ def verdict(stall: StallReport | None, checks: list[Check], dataset_given: bool 
     """The one-line answer (``dataset_given``: a dataset was checked but not measured, --no-measure),
     with what the measurement ``assumed`` of the training step."""
     warnings = sum(c["status"] == "warn" for c in checks)
-    tail = (f" {assumed}." if assumed and stall is not None else "") + (f" {warnings} warning(s) above." if warnings else "")
+    tail = (f" {assumed}." if assumed and stall is not None else "") + (f" {plural(warnings, 'warning')} above." if warnings else "")
     if stall is None and dataset_given:
         return ("Machine and dataset checks only (--no-measure): run without --no-measure to measure where "
                 "the input stalls." + tail)
@@ -261,8 +264,8 @@ def doctor(path: str | None = None, *, batch_size: int = 64, step_ms: float | No
     files". Raises UsageError for a bad path or option; otherwise returns the report (see
     ``REPORT_SCHEMA``), whatever it finds.
     """
-    step_given = step_ms is not None
-    step_ms = DEFAULT_STEP_MS if step_ms is None else step_ms
+    resolved, step_given = resolve_step(step_ms, model)
+    step_ms = DEFAULT_STEP_MS if resolved is None else resolved
     _check_options(path, batch_size, step_ms, workers, max_batches, repeats, crop)
     started, say = time.perf_counter(), _log(progress)
     facts: DatasetFacts | None = None
@@ -273,39 +276,40 @@ def doctor(path: str | None = None, *, batch_size: int = 64, step_ms: float | No
     machine, machine_checks = collect_machine(path, facts["bytes"] if facts else None, paths)
     checks = _ordered(machine_checks, dataset_checks)
     stall: StallReport | None = None
+    workers = workers if workers is not None else int(machine["cpu"]["workers_range"][1])
     if path is not None and facts is not None and measure:  # (facts is set exactly when path is)
-        workers = workers if workers is not None else int(machine["cpu"]["workers_range"][1])
         count = samples_to_read(batch_size, max_batches, facts["samples"])
         plan = pack_plan(path, count, crop) if facts["kind"] == "pack" else folder_plan(path, count, crop)
         if plan.skipped:
             checks = _ordered(machine_checks, [*dataset_checks, broken_files_check(plan.skipped)])
         step = _step(step_ms, model, machine["torch"]["kernels"] != "none")
         step.image_shape = (3, crop, crop)  # what a model step is timed on
-        say(f"measuring {count} samples, batch {batch_size}, {workers} workers")
+        say(f"measuring {plural(count, 'sample')}, batch {batch_size}, {plural(workers, 'worker')}")
         stall = measure_stall(plan, step, batch_size=batch_size, workers=workers, max_batches=max_batches,
                               repeats=repeats, warm_budget=_warm_budget(machine["memory"]), log=say)
         checks += stall_checks(stall, facts["kind"])
     return {"schema_version": SCHEMA_VERSION, "packload_version": __version__, "path": path, "dataset": facts,
             "machine": machine, "checks": checks, "stall": stall,
-            "verdict": verdict(stall, checks, path is not None, _assumed(step_ms, step_given, model, batch_size)),
+            "verdict": verdict(stall, checks, path is not None,
+                               _assumed(step_ms, step_given, model, batch_size, workers)),
             "seconds": time.perf_counter() - started}
 
 
-def _assumed(step_ms: float, given: bool, model: str | None, batch_size: int) -> str:
-    """What the stall analysis took the training step to be, said in the verdict."""
-    if model is not None:
-        return f"Measured against {model} on the GPU, batches of {batch_size}"
-    how = "as given" if given else ("the default: measure yours with packload.watch(loader) and give it as "
-                                    "--step-ms")
-    return (f"Assumed a {step_ms:g} ms GPU step per batch of {batch_size} ({how}), queued as an asynchronous "
-            "training loop queues it")
+def _assumed(step_ms: float, given: bool, model: str | None, batch_size: int, workers: int) -> str:
+    """What the stall analysis took the training step and the loop to be, said in the verdict: the
+    same step default and loop model as ``tune`` (``training_loop``)."""
+    text = assumed(step_ms, given, model, batch_size, DEFAULT_SYNC)
+    loading = (f"with {plural(workers, 'DataLoader worker')} the next batches load while the step runs" if workers
+               else "loading in the main process (workers 0) adds to each step")
+    return text[:1].upper() + text[1:] + f"; {loading}"
 
 
 def _step(step_ms: float, model: str | None, gpu_usable: bool) -> DummyStep:
     """The training step to measure against: ``model`` if given, else ``step_ms`` of GPU work (emulated
     when this PyTorch has no kernels for the GPU, where any CUDA call would fail)."""
     try:
-        return DummyStep(step_ms=None if model else step_ms, model=model, device=None if gpu_usable else "cpu")
+        return DummyStep(step_ms=None if model else step_ms, model=model, device=None if gpu_usable else "cpu",
+                         sync=DEFAULT_SYNC)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -347,7 +351,8 @@ def _check_lines(check_: Check) -> list[str]:
 
 def _stall_lines(stall: StallReport) -> list[str]:
     step = stall["step"]
-    lines = [f"  batch {stall['batch_size']}, {stall['workers']} workers, {stall['max_batches']} timed batches "
+    lines = [f"  batch {stall['batch_size']}, {plural(stall['workers'], 'worker')}, "
+             f"{plural(stall['max_batches'], 'timed batch', 'timed batches')} "
              f"(best of {stall['repeats']}); "
              f"step: {step['description']}",
              f"  {'':36s}{'samples/s':>10s}{'ms/batch':>10s}   GPU waits per step",
@@ -363,7 +368,7 @@ def _stall_lines(stall: StallReport) -> list[str]:
     eviction = stall["eviction"]
     if eviction is not None:
         before, after = eviction["cached_before"], eviction["cached_after"]
-        lines.append(f"  page cache before the storage pass: {eviction['files']:,} files evicted, "
+        lines.append(f"  page cache before the storage pass: {plural(eviction['files'], 'file')} evicted, "
                      + ("cache state unknown" if after is None else
                         f"{after:.0%} of their pages still cached (was {before:.0%})"))
     return lines + [f"  note: {note}" for note in stall["notes"]]
@@ -374,7 +379,8 @@ def format_report(report: dict[str, Any]) -> list[str]:
     head = f"packload doctor {report['packload_version']}"
     dataset = report["dataset"]
     if dataset:
-        head += f": {dataset['path']} ({dataset['kind']}, {dataset['samples']:,} images, {human_bytes(dataset['bytes'])})"
+        head += (f": {dataset['path']} ({dataset['kind']}, {plural(dataset['samples'], 'image')}, "
+                 f"{human_bytes(dataset['bytes'])})")
     lines = [head]
     current = None
     stall_lines = _stall_lines(report["stall"]) if report["stall"] else []

@@ -4,15 +4,20 @@ workers than fit, nor lets free memory fall below a safety margin."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from packload.core.memory import memory_status
 from packload.diagnose.gpu_step import iter_tensors
 
-if TYPE_CHECKING:
-    from packload.diagnose.tune_search import Trial
-
 GUESS_WORKER_BYTES = 256 << 20  # before any worker has been measured
+
+
+class MeasuredWorkers(Protocol):
+    """What the guard learns from a measured trial (``tune_search.Trial`` has it): named here so that
+    this module does not import the search, which imports it."""
+
+    num_workers: int
+    worker_pss_mb: float
 
 
 class MemoryGuard:
@@ -35,7 +40,7 @@ class MemoryGuard:
     def low(self) -> bool:
         return memory_status()["available"] < self.margin
 
-    def learn(self, trial: Trial) -> None:
+    def learn(self, trial: MeasuredWorkers) -> None:
         """Take the per-worker cost from a trial's measured worker memory (the largest seen)."""
         if trial.num_workers and trial.worker_pss_mb:
             measured = int(trial.worker_pss_mb * 2**20 / trial.num_workers)

@@ -3,9 +3,11 @@
 Three rates, each in samples/s: (1) the training step alone (``DummyStep.step_rate``: a real or
 emulated GPU step); (2) the DataLoader with the samples already in the page cache, which is the cost
 of *preparing* them (decode and transforms); (3) the DataLoader after the samples' files were
-evicted from the page cache, which adds the cost of *fetching* them from storage. With the loader
-and the step overlapped, the time per sample is the slower of the two, so the difference between
-the rates says how long the GPU would wait and which stage is to blame.
+evicted from the page cache, which adds the cost of *fetching* them from storage. The training loop
+is the one ``tune`` assumes too (``training_loop``): it waits for each step. With DataLoader workers
+the loading still overlaps the step (the workers load ahead while the loop waits), so the time per
+sample is the slower of the two; with none it is their sum. The difference says how long the GPU
+would wait and which stage is to blame.
 """
 
 from __future__ import annotations
@@ -192,24 +194,36 @@ def warm_plan(plan: StallPlan, batch_size: int, workers: int, max_batches: int, 
     return "one untimed pass"
 
 
-def loader_rate(timing: LoaderTiming, batch_size: int, step_ms: float, base_ms: float | None = None) -> LoaderRate:
-    """A pass's rate, and how long the GPU would wait per step beyond ``base_ms`` (default: the step)."""
+def loader_rate(timing: LoaderTiming, batch_size: int, step_ms: float, base_ms: float | None = None,
+                overlapped: bool = True) -> LoaderRate:
+    """A pass's rate, and how long the GPU would wait per step beyond ``base_ms`` (default: the step)
+    when the loading overlaps the step; beyond ``base_ms`` (default: nothing) when it adds to it."""
     rate = timing.samples_per_s
     ms = batch_size * 1000.0 / rate if rate > 0 else float("inf")
-    wait = max(0.0, ms - max(step_ms, base_ms if base_ms is not None else step_ms))
+    if overlapped:
+        wait = max(0.0, ms - max(step_ms, base_ms if base_ms is not None else step_ms))
+    else:
+        wait = max(0.0, ms - (base_ms or 0.0))
     return {"samples_per_s": rate, "ms_per_batch": ms, "first_batch_s": timing.first_batch_s,
             "samples": timing.samples, "gpu_wait_ms_per_step": wait, "gpu_wait_share_of_step": wait / step_ms}
 
 
-def stall_shares(step_rate: float, prepare_rate: float, fetch_rate: float | None) -> dict[str, float]:
+def stall_shares(step_rate: float, prepare_rate: float, fetch_rate: float | None,
+                 overlapped: bool = True) -> dict[str, float]:
     """Fractions of the training time: the GPU busy, waiting for preparation, waiting for storage.
 
-    Per sample, loader and step overlap: with the data cached a sample takes ``max(step, prepare)``,
-    from storage ``max(that, fetch)``; each difference is a stall.
+    Per sample, with the loading ``overlapped`` with the step (DataLoader workers): with the data
+    cached a sample takes ``max(step, prepare)``, from storage ``max(that, fetch)``; loaded in the main
+    process of a loop that waits for each step, ``step + prepare`` and ``step + fetch``. Each
+    difference is a stall.
     """
     t_step = 1.0 / step_rate
-    t_cached = max(t_step, 1.0 / prepare_rate)
-    t_total = max(t_cached, 1.0 / fetch_rate) if fetch_rate else t_cached
+    t_prepare = 1.0 / prepare_rate
+    t_fetch = max(t_prepare, 1.0 / fetch_rate) if fetch_rate else t_prepare
+    if overlapped:
+        t_cached, t_total = max(t_step, t_prepare), max(t_step, t_prepare, t_fetch)
+    else:
+        t_cached, t_total = t_step + t_prepare, t_step + t_fetch
     return {"gpu_busy": t_step / t_total, "prep_stall": (t_cached - t_step) / t_total,
             "fetch_stall": (t_total - t_cached) / t_total}
 
@@ -276,10 +290,13 @@ def measure_stall(plan: StallPlan, step: Step, *, batch_size: int = 64, workers:
             evictions.append(evict(plan.files))
             uncached.append(time_plan(plan, batch_size, workers, max_batches, pin))
             say(f"loader, data from storage: {uncached[-1].samples_per_s:,.0f} samples/s")
-    prepare = loader_rate(_best(cached), batch_size, step_ms)
-    fetch = loader_rate(_best(uncached), batch_size, step_ms, base_ms=prepare["ms_per_batch"]) if cold else None
+    overlapped = workers > 0  # a loop that waits for each step: only workers load while the step runs
+    prepare = loader_rate(_best(cached), batch_size, step_ms, overlapped=overlapped)
+    fetch = (loader_rate(_best(uncached), batch_size, step_ms, base_ms=prepare["ms_per_batch"], overlapped=overlapped)
+             if cold else None)
     eviction = _worst(evictions) if evictions else None
-    shares = stall_shares(step_rate, prepare["samples_per_s"], fetch["samples_per_s"] if fetch else None)
+    shares = stall_shares(step_rate, prepare["samples_per_s"], fetch["samples_per_s"] if fetch else None,
+                          overlapped=overlapped)
     notes = _notes(eviction, warmed) + ([f"each loader figure is the best of {repeats} passes"] if repeats > 1 else [])
     return {"batch_size": batch_size, "workers": workers, "max_batches": max_batches, "repeats": repeats,
             "step": {"description": step.description, "on_gpu": bool(step.on_gpu), "samples_per_s": step_rate,

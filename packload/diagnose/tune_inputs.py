@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from packload.core.errors import UsageError
 from packload.core.format import MANIFEST_NAME, shard_number
 from packload.diagnose.gpu_step import DummyStep
 from packload.diagnose.stall import intact_files
+from packload.diagnose.training_loop import DEFAULT_SYNC, resolve_step
 from packload.diagnose.tune import TuneResult, tune
 from packload.diagnose.tune_fast import tune_fast_path
 from packload.loaders.collate import collate_uint8
@@ -74,29 +76,48 @@ def without_broken(dataset: FolderImages) -> FolderImages:
 FAST_PATH_SHARE = 0.25  # of the budget, for PackLoader's threads (a pack read through the built-in crop)
 
 
+def tune_with_fast_path(dataset: PackedImageFolder, batch_size: int, image_size: int, step_ms: float | None = None,
+                        model: str | None = None, budget_s: float = 60.0, max_workers: int | None = None,
+                        progress: bool = True, device: str | None = None, sync: bool = DEFAULT_SYNC,
+                        collate_fn: Callable[[Any], Any] = collate_uint8) -> TuneResult:
+    """Tune the DataLoader over ``dataset`` (a pack cropped to ``image_size``) with most of ``budget_s``,
+    then ``PackLoader``'s threads with the rest (``result.fast_path``), against the same step; the
+    verdict is drawn once both are measured, so that it recommends the faster."""
+    result = tune(dataset, batch_size, step_ms=step_ms, model=model, budget_s=budget_s * (1 - FAST_PATH_SHARE),
+                  max_workers=max_workers, collate_fn=collate_fn, progress=progress, device=device, sync=sync)
+    resolved, _ = resolve_step(step_ms, model)
+    step = DummyStep(step_ms=resolved, model=model, device=device, sync=sync)
+    started = time.perf_counter()
+    result.fast_path = tune_fast_path(PackedImageFolder(dataset.root), batch_size, image_size, step,
+                                      budget_s * FAST_PATH_SHARE, result.tolerance, progress=progress)
+    result.budget_s, result.elapsed_s = budget_s, result.elapsed_s + time.perf_counter() - started  # both searches
+    result.conclude()
+    return result
+
+
 def tune_path(path: str | os.PathLike[str], batch_size: int = 256, step_ms: float | None = None,
               model: str | None = None, budget_s: float = 60.0, max_workers: int | None = None,
               progress: bool = True, device: str | None = None, image_size: int = 224,
-              sync: bool = True, transform: str | None = None) -> TuneResult:
+              sync: bool = DEFAULT_SYNC, transform: str | None = None) -> TuneResult:
     """``packload tune PATH``: tune reading a pack or an image folder into uint8 batches, through the
     built-in centre crop or the user's ``transform`` (``package.module:callable``). For a pack read
-    through the built-in crop, ``PackLoader``'s threads are tuned too (``result.fast_path``)."""
+    through the built-in crop, ``PackLoader``'s threads are tuned too (``result.fast_path``). Without
+    ``step_ms`` or ``model`` the step is ``training_loop.DEFAULT_STEP_MS``, as the verdict says."""
     if not budget_s > 0:  # checked here, before a share of it goes to the fast path
         raise UsageError(f"budget_s {budget_s} must be a positive number of seconds")
     chosen = load_transform(transform) if transform else ResizeCenterCrop(image_size)
     try:
         dataset = open_dataset(path, image_size, chosen)
-        fast = isinstance(dataset, PackedImageFolder) and not transform
-        result = tune(dataset, batch_size, step_ms=step_ms, model=model,
-                      budget_s=budget_s * (1 - FAST_PATH_SHARE) if fast else budget_s, max_workers=max_workers,
+        if isinstance(dataset, PackedImageFolder) and not transform:
+            return tune_with_fast_path(dataset, batch_size, image_size, step_ms=step_ms, model=model,
+                                       budget_s=budget_s, max_workers=max_workers, progress=progress,
+                                       device=device, sync=sync)
+        result = tune(dataset, batch_size, step_ms=step_ms, model=model, budget_s=budget_s, max_workers=max_workers,
                       collate_fn=collate_uint8, progress=progress, device=device, sync=sync)
-        if fast:
-            step = DummyStep(step_ms=step_ms, model=model, device=device, sync=sync)
-            result.fast_path = tune_fast_path(PackedImageFolder(dataset.root), batch_size, image_size, step,
-                                              budget_s * FAST_PATH_SHARE, result.tolerance)
-        elif transform:
+        if transform:
             result.fast_path = {"pick": None, "code": None,
                                 "note": "not measured: PackLoader crops with CenterCrop, not your transform"}
+            result.conclude()
         return result
     except ValueError as exc:
         if isinstance(exc, UsageError):

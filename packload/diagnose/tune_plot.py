@@ -1,18 +1,30 @@
 """The tuner's picture: samples/s against num_workers, one line per prefetch_factor (and pin_memory),
 with the GPU step's own rate as a horizontal line, so "where does the loader catch the GPU" is
-visible at a glance. matplotlib is imported here only, and only when a plot is asked for."""
+visible at a glance. Each point is a configuration's figure as the report's table shows it (its
+median trial), PackLoader's threads a line of their own. matplotlib is imported here only, and only
+when a plot is asked for."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from packload.core.errors import PackloadError
-from packload.diagnose.tune_search import PREFETCH_DEFAULT, aggregate
+from packload.diagnose.tune_search import PREFETCH_DEFAULT, Trial, aggregate
 
-if TYPE_CHECKING:
-    from packload.diagnose.tune import TuneResult
+
+class Tuned(Protocol):
+    """What the plot reads of a ``tune.TuneResult`` (named here: the tuner imports this module)."""
+
+    trials: list[Trial]
+    winner: Trial
+    step_samples_per_s: float
+    step: dict[str, Any]
+    dataset: str
+    batch_size: int
+    verdict: str
+    fast_path: dict[str, Any] | None
 
 
 class PlotUnavailableError(PackloadError, RuntimeError):
@@ -28,7 +40,7 @@ def require_matplotlib() -> None:
                                    "rest of tune works without it)") from None
 
 
-def plot_result(result: TuneResult, path: str | os.PathLike[str]) -> Path:
+def plot_result(result: Tuned, path: str | os.PathLike[str]) -> Path:
     """Write the plot of ``result`` to ``path`` (PNG, or any format matplotlib knows by suffix): the
     median of each configuration's repeats, their spread as error bars, integer worker ticks."""
     require_matplotlib()
@@ -62,11 +74,16 @@ def plot_result(result: TuneResult, path: str | os.PathLike[str]) -> Path:
                       marker="o" if main else "s", linestyle="-" if main else ":", label=label)
     if not any(pf is not None for pf, _ in series):
         axes.plot([w for w, _ in no_workers], [r for _, r in no_workers], marker="o", label="num_workers=0")
+    fast = result.fast_path or {}
+    measured = [t for t in fast.get("trials") or [] if t["batches"] and t["samples_per_s"] > 0]
+    if measured:
+        axes.plot([t["num_workers"] for t in measured], [t["samples_per_s"] for t in measured], marker="^",
+                  linestyle="-.", label="PackLoader (threads)")
     axes.axhline(result.step_samples_per_s, color="grey", linestyle="--",
                  label=f"GPU step alone ({result.step_samples_per_s:,.0f}/s)")
     axes.plot([result.winner.num_workers], [result.winner.samples_per_s], marker="*", markersize=16,
               color="crimson", linestyle="none", label="pick")
-    axes.set_xlabel("num_workers")
+    axes.set_xlabel("num_workers (PackLoader: threads)" if measured else "num_workers")
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.set_ylabel("samples/s (loader + GPU step)")
     step = f"{result.step['step_ms']:g} ms step" if result.step.get("step_ms") else str(result.step.get("model"))

@@ -47,6 +47,7 @@ FDS_PER_WORKER = 16  # descriptors a DataLoader worker may hold (its pipes, queu
 CAP_REACHED = f"the cap of {WAITING_CAP} workers"
 DESCRIPTORS_REACHED = "file descriptors"
 Key = tuple[int, int | None, bool]
+FAST_PATH = "fast path"  # the phase of PackLoader's trials (their "workers" are its threads)
 
 
 @dataclass
@@ -91,24 +92,33 @@ def cost(key: Key) -> tuple[int, int, bool]:
 
 
 def aggregate(trials: list[Trial]) -> dict[Key, Trial]:
-    """One trial per configuration: the median of repeated measurements (the mean of two)."""
+    """One trial per configuration: the median of its measurements (the lower one of two, so a lucky
+    outlier never wins), as measured: each configuration's figure is one trial's, a row of the
+    report, never a blend of several."""
     groups: dict[Key, list[Trial]] = {}
     for trial in trials:
         if trial.valid:
             groups.setdefault(trial.key, []).append(trial)
-    merged = {}
-    for key, group in groups.items():
-        rate = statistics.median(t.samples_per_s for t in group)
-        merged[key] = Trial(*key, samples_per_s=rate, batches_per_s=statistics.median(t.batches_per_s for t in group),
-                            gpu_wait=statistics.median(t.gpu_wait for t in group),
-                            startup_s=statistics.fmean(t.startup_s for t in group),
-                            worker_rss_mb=max(t.worker_rss_mb for t in group),
-                            worker_pss_mb=max(t.worker_pss_mb for t in group),
-                            noise=max(t.noise for t in group) / math.sqrt(len(group)),
-                            cpu_cores=statistics.median(t.cpu_cores for t in group),
-                            batches=sum(t.batches for t in group), seconds=sum(t.seconds for t in group),
-                            phase="+".join(dict.fromkeys(t.phase for t in group)))
-    return merged
+    return {key: median_trial(group) for key, group in groups.items()}
+
+
+def median_trial(group: list[Trial]) -> Trial:
+    """The trial of ``group`` whose rate is the (lower) median; the earlier one on a tie."""
+    ordered = sorted(group, key=lambda t: t.samples_per_s)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def rate_text(samples_per_s: float) -> str:
+    """A trial's rate as every part of the report writes it (progress, table, pick, verdict)."""
+    return f"{samples_per_s:,.0f} img/s"
+
+
+def trial_label(trial: Trial | Key, fast_path: bool = False) -> str:
+    """The configuration of a trial as the progress lines name it."""
+    workers, prefetch, pin = trial.key if isinstance(trial, Trial) else trial
+    if fast_path or (isinstance(trial, Trial) and trial.phase == FAST_PATH):
+        return f"PackLoader threads={workers}"
+    return f"workers={workers} prefetch={prefetch or '-'} pin={'yes' if pin else 'no'}"
 
 
 def select(trials: list[Trial], tolerance: float) -> tuple[Trial, Trial]:
@@ -157,12 +167,21 @@ class TrialRunner:
     def __init__(self, dataset: Dataset, batch_size: int, sampler: Sampler[int] | None,
                  collate_fn: Callable[[Any], Any] | None, step: DummyStep, step_rate: float,
                  guard: MemoryGuard, tick: Callable[[str], None],
-                 make_loader: Callable[[int, int | None, bool], Iterable[Any]] | None = None) -> None:
+                 make_loader: Callable[[int, int | None, bool], Iterable[Any]] | None = None,
+                 announce: Callable[[str], None] | None = None) -> None:
         """``make_loader(workers, prefetch, pin)`` builds another kind of loader (an endless iterable
-        of batches) in place of the DataLoader: ``PackLoader``'s threads are measured so."""
+        of batches) in place of the DataLoader: ``PackLoader``'s threads are measured so. ``tick``
+        gets the status while a trial runs; ``announce`` one line per finished trial (``finished``)."""
         self.dataset, self.batch_size, self.sampler, self.collate_fn = dataset, batch_size, sampler, collate_fn
         self.step, self.step_rate, self.guard, self.tick = step, step_rate, guard, tick
         self.make_loader = make_loader
+        self.announce = announce or (lambda text: None)
+
+    def finished(self, number: int, trial: Trial) -> None:
+        """Announce trial ``number`` (as the report's table numbers it) with its one figure."""
+        figure = rate_text(trial.samples_per_s) if trial.valid else "no measurement"
+        self.announce(f"#{number} {trial_label(trial)}: {figure}" + (f" ({trial.note})" if trial.note else ""))
+        self.tick(f"#{number} {trial_label(trial)}: {figure}")
 
     def loader(self, workers: int, prefetch: int | None, pin: bool) -> Iterable[Any]:
         if self.make_loader is not None:
@@ -173,8 +192,10 @@ class TrialRunner:
 
     def run(self, workers: int, prefetch: int | None, pin: bool, steady_s: float, deadline: float,
             phase: str) -> Trial:
-        """Measure until ``steady_s`` of steady state and ``MIN_WINDOWS`` windows, or ``deadline``."""
+        """Measure until ``steady_s`` of steady state and ``MIN_WINDOWS`` windows, or ``deadline``; the
+        status names the configuration while it is measured (its figure is announced by ``finished``)."""
         bs, step = self.batch_size, self.step
+        measuring = f"{trial_label((workers, prefetch if workers else None, pin), phase == FAST_PATH)}: measuring"
         window = max(2, workers)
         rates: list[float] = []
         note, memory = "", {"rss": 0, "pss": 0}
@@ -202,7 +223,7 @@ class TrialRunner:
                 now = time.perf_counter()
                 rates.append(window * bs / (now - window_start))
                 batches, count, window_start = batches + count, 0, now
-                self.tick(f"workers={workers} prefetch={prefetch} pin={pin}: {statistics.fmean(rates):,.0f}/s")
+                self.tick(measuring)
                 if self.guard.low():
                     note = "stopped: free memory fell below the safety margin"
                     break
@@ -303,6 +324,7 @@ class Search:
         steady = min(self.trial_s, max(0.05, left - self.estimate_s(workers)))
         trial = self.runner.run(workers, prefetch, pin, steady, self.deadline, phase)
         self.trials.append(trial)
+        self.runner.finished(len(self.trials), trial)
         self.runner.guard.learn(trial)
         if trial.note.startswith("stopped: free memory"):
             self.stopped = self.stopped or "memory"

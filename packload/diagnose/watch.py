@@ -11,7 +11,8 @@ the end of the epoch (or every ``every`` batches) reports in one line how much o
 waiting for data, which kind of slow this is, and what to try:
 
 * **input-bound**: the loop waits for data a large share of the time: tune the loader
-  (``packload tune PACK --step-ms`` with the step time measured here, which the line prints);
+  (``packload tune PATH --step-ms`` with the step time measured here, which the line prints, and the
+  pack or folder the loader reads: its dataset's ``root``);
 * **memory-bound**: the GPU's peak memory is close to all it has while the batch is small: a larger
   batch does not fit, so the GPU runs below its speed (mixed precision, activation checkpointing);
 * **compute-bound**: the data keeps up: only a faster step helps.
@@ -23,6 +24,8 @@ nothing to do, whether or not the loop synchronises.
 
 from __future__ import annotations
 
+import os
+import shlex
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -42,6 +45,20 @@ def _batch_size(batch: Any) -> int | None:
         return next((size for size in map(_batch_size, batch) if size is not None), None)
     if isinstance(batch, dict):
         return next((size for size in map(_batch_size, batch.values()) if size is not None), None)
+    return None
+
+
+def watched_source(loader: Any) -> str | None:
+    """The pack or image folder ``loader`` reads: the ``root`` of its dataset (a DataLoader's, a
+    PackLoader's, through a ``Subset``), or of the loader itself; None when it has none."""
+    seen: set[int] = set()
+    item = loader
+    while item is not None and id(item) not in seen:
+        seen.add(id(item))
+        root = getattr(item, "root", None)
+        if isinstance(root, (str, os.PathLike)) and str(root):
+            return str(root)
+        item = getattr(item, "dataset", None)
     return None
 
 
@@ -144,8 +161,10 @@ class Watch:
         waited = f"{s['wait_share']:.0%} of the time waiting for data ({s['batches']} batches"
         waited += f", step {s['step_ms']:.1f} ms)" if s["step_ms"] is not None else ")"
         if s["kind"] == "input-bound":
-            step = f"{s['step_ms']:.0f}" if s["step_ms"] is not None else "STEP_MS"
-            advice = (f"input-bound: tune the loader with `packload tune PACK --batch-size {s['batch_size'] or 'B'} "
+            step = f"{max(1, round(s['step_ms']))}" if s["step_ms"] is not None else "STEP_MS"  # > 0, as tune needs
+            source = watched_source(self.loader)
+            path = shlex.quote(source) if source else "PATH_OF_YOUR_PACK"
+            advice = (f"input-bound: tune the loader with `packload tune {path} --batch-size {s['batch_size'] or 'B'} "
                       f"--step-ms {step}`, or pack at training resolution (--max-side 256)")
         elif s["kind"] == "memory-bound":
             advice = (f"memory-bound: {s['peak_gpu_bytes'] / 2**30:.1f} of {s['gpu_bytes'] / 2**30:.1f} GiB at batch "
