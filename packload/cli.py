@@ -9,6 +9,10 @@ Class names, record paths and skipped file names come from data packload did not
 line printed goes through ``display.terminal_safe`` (an ESC sequence among them would drive the
 user's terminal, a newline would forge a line), and ``--json`` output escapes the controls that
 ``json.dumps`` leaves raw.
+
+A reader that closes stdout early (``packload info x | head -4``) ends the command quietly, as Unix
+tools end: nothing on stderr and exit status 141 (128 + SIGPIPE, what a shell reports for a tool that
+SIGPIPE stopped). Warnings go to stderr as they happen, and with ``--json`` into its ``warnings`` too.
 """
 
 from __future__ import annotations
@@ -21,21 +25,26 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from packload.cli_parser import (
+    OutputClosedError,
     Parser,
     check_output_file,
     in_flag_names,
     library_logs_quiet,
+    pipe_closed,
     print_error,
     print_warning,
+    silence,
     subcommand_parser,
     subcommand_parsers,
+    write_stdout,
 )
-from packload.core.display import json_text, safe_lines
+from packload.core.display import json_text, pack_phrase, plural, safe_lines
 from packload.core.errors import PackloadError, UsageError
 from packload.core.remote import is_url
 from packload.core.version import __version__
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_PIPE = 141  # stdout's reader went away: 128 + SIGPIPE, as a shell reports a Unix tool stopped by it
 JSON_SCHEMA_VERSION = 1  # of the shape every --json output shares (docs/CLI.md)
 _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -56,16 +65,25 @@ def parse_hw(text: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
-def json_document(command: str, result: dict[str, Any]) -> dict[str, Any]:
+def json_document(command: str, result: dict[str, Any], warnings_: Sequence[str] = ()) -> dict[str, Any]:
     """The shape of every ``--json`` output (docs/CLI.md): ``schema_version`` and ``command`` first,
-    then the command's own keys. ``schema_version`` rises when a key changes meaning or goes away."""
+    then the command's own keys, then ``warnings`` (each warning the command gave, as on stderr).
+    ``schema_version`` rises when a key changes meaning or goes away."""
     return {"schema_version": JSON_SCHEMA_VERSION, "command": command,
-            **{k: v for k, v in result.items() if k != "schema_version"}}
+            **{k: v for k, v in result.items() if k not in ("schema_version", "warnings")},
+            "warnings": [*result.get("warnings", []), *warnings_]}
 
 
 def _print_report(args: argparse.Namespace, result: Any, lines: Sequence[object]) -> None:
     command = getattr(args, "command", None) or "pack"
-    print(json_text(json_document(command, result)) if args.json else safe_lines(lines))
+    write_stdout(json_text(json_document(command, result, getattr(args, "warned", ())))
+                 if args.json else safe_lines(lines))
+
+
+def _in_flags(args: argparse.Namespace, text: str) -> str:
+    """``text`` (a verdict, a fix) with the library's parameter names written as this command's flags."""
+    words = getattr(args, "cli_words", None)
+    return words(text) if words is not None else text
 
 
 def _emit(args: argparse.Namespace, result: dict[str, Any], lines: list[str]) -> None:
@@ -134,10 +152,15 @@ def pack_summary(result: dict[str, Any]) -> str:
     if result.get("resumed_at") is not None:
         ray = result.get("ray") or {}
         kept = f" ({ray['tasks_kept']} of {ray['tasks']} Ray tasks were done)" if ray.get("tasks_kept") else ""
-        return (f"resumed at file {result['resumed_at']}{kept}: packed {result['files_this_run']} more file(s) {rate}; "
-                f"the pack holds {result['records']} images ({result['classes']} classes) of "
-                f"{result['files_total']} files {where}, {size}")
-    return f"packed {result['records']} images ({result['classes']} classes) {where} {rate}; {size}"
+        return (f"resumed at file {result['resumed_at']}{kept}: packed {plural(result['files_this_run'], 'more file')} "
+                f"{rate}; the pack holds {plural(result['records'], 'image')} ({_classes(result['classes'])}) of "
+                f"{plural(result['files_total'], 'file')} {where}, {size}")
+    return f"packed {plural(result['records'], 'image')} ({_classes(result['classes'])}) {where} {rate}; {size}"
+
+
+def _classes(count: int) -> str:
+    """``3 classes``; ``unlabelled`` for a pack without class folders (labels -1)."""
+    return plural(count, "class") if count else "unlabelled: no class folders"
 
 
 def run_pack(args: argparse.Namespace) -> int:
@@ -162,7 +185,7 @@ def run_pack(args: argparse.Namespace) -> int:
                       strict=args.strict, progress=not (args.quiet or args.json))
     lines = [pack_summary(result)]
     if result["skipped"] or result["ignored"]:
-        lines.append(f"skipped {result['skipped']} broken file(s), left out {result['ignored']} other file(s); "
+        lines.append(f"skipped {plural(result['skipped'], 'broken file')}, left out {plural(result['ignored'], 'other file')}; "
                      f"`packload info {result['destination']}` lists them")
     _emit(args, result, lines)
     return EXIT_OK
@@ -182,16 +205,16 @@ def run_info(args: argparse.Namespace) -> int:
     result = info(args.pack)
     counts = result["class_counts"]
     lines = [
-        f"{result['path']}: {result['backend']} pack, format version {result['format_version']}, "
+        f"{result['path']}: {pack_phrase(result['backend'])}, format version {result['format_version']}, "
         f"encoding {result['encoding']}",
-        f"  records   {result['records']}",
-        f"  classes   {len(result['classes'])}" + ("" if result["labelled"] else " (unlabelled)"),
+        f"  records   {result['records']:,}",
+        f"  classes   {len(result['classes']):,}" + ("" if result["labelled"] else " (unlabelled)"),
         f"  bytes     {result['pack_bytes']:,} on disk, {result['payload_bytes'] or 0:,} of images",
     ]
     lines += [f"    {name}: {counts.get(name, 0)}" for name in result["classes"][:20]]
     if len(result["classes"]) > 20:
-        lines.append(f"    ... and {len(result['classes']) - 20} more classes")
-    lines.append(f"  skipped   {result['skipped_count']} broken file(s), {result['ignored_count']} left out")
+        lines.append(f"    ... and {plural(len(result['classes']) - 20, 'more class', 'more classes')}")
+    lines.append(f"  skipped   {plural(result['skipped_count'], 'broken file')}, {result['ignored_count']:,} left out")
     for word, listed, count in (("skipped", result["skipped"], result["skipped_count"]),
                                 ("left out", result["ignored"], result["ignored_count"])):
         lines += [f"  {word} {item['path']}: {item['reason']}" for item in listed[:20]]
@@ -214,9 +237,9 @@ def run_verify(args: argparse.Namespace) -> int:
     from packload.loaders.verify import verify
 
     result = verify(args.pack, decode=args.decode, progress=not (args.quiet or args.json))
-    lines = [f"{result['path']}: {result['records']} records, "
+    lines = [f"{result['path']}: {plural(result['records'], 'record')}, "
              + ("all intact" if result["ok"] else
-                f"{len(result['bad_records'])} damaged record(s), {len(result['bad_files'])} damaged file(s)")]
+                f"{plural(len(result['bad_records']), 'damaged record')}, {plural(len(result['bad_files']), 'damaged file')}")]
     lines += [f"  {bad['file']}: {bad['problem']}" for bad in result["bad_files"]]
     lines += [f"  record {bad['record']} ({bad['path']}, {bad['part']}): {bad['problem']}"
               for bad in result["bad_records"]]
@@ -239,10 +262,10 @@ def run_unpack(args: argparse.Namespace) -> int:
     from packload.loaders.unpack import unpack
 
     result = unpack(args.pack, args.out, overwrite=args.overwrite, progress=not (args.quiet or args.json))
-    lines = [f"unpacked {result['files']} files ({result['bytes'] / 1e6:.1f} MB) into {result['out']}"]
+    lines = [f"unpacked {plural(result['files'], 'file')} ({result['bytes'] / 1e6:.1f} MB) into {result['out']}"]
     if result["renamed"]:
         first = result["renamed"][0]
-        lines.append(f"{len(result['renamed'])} file(s) kept their whole name plus the new suffix, as their new "
+        lines.append(f"{plural(len(result['renamed']), 'file')} kept their whole name plus the new suffix, as their new "
                      f"name was taken (e.g. {first['path']} -> {first['written_as']}); --json lists them")
     _emit(args, result, lines)
     return EXIT_OK
@@ -267,8 +290,8 @@ def run_merge(args: argparse.Namespace) -> int:
 
     result = merge(args.out, args.packs, backend=args.format, overwrite=args.overwrite,
                    progress=not (args.quiet or args.json))
-    lines = [f"merged {len(result['inputs'])} packs into {result['destination']} [{result['backend']}, "
-             f"{result['encoding']}]: {result['records']} records, {result['classes']} classes"
+    lines = [f"merged {plural(len(result['inputs']), 'pack')} into {result['destination']} [{result['backend']}, "
+             f"{result['encoding']}]: {plural(result['records'], 'record')}, {plural(result['classes'], 'class')}"
              + (f", labels remapped in {result['remapped']}" if result["remapped"] else "")
              + f", {result['pack_bytes'] / 1e6:.1f} MB in {result['seconds']:.1f} s"]
     _emit(args, result, lines)
@@ -302,13 +325,14 @@ def _add_tune(sub: Any) -> None:
                                    "training is input-bound.")
     p.add_argument("path", help="a pack (.lmdb file or shards folder) or an image folder")
     p.add_argument("--batch-size", type=int, default=256, help="your training batch size (default 256)")
-    step = p.add_mutually_exclusive_group(required=True)
-    step.add_argument("--step-ms", type=float, help="GPU time of one training step to emulate, in ms")
+    step = p.add_mutually_exclusive_group()
+    step.add_argument("--step-ms", type=float, help="GPU time of one training step to emulate, in ms (default: 100, "
+                      "said in the verdict; packload.watch(loader) measures yours)")
     step.add_argument("--model", choices=("small-cnn",), help="run a small CNN forward+backward on the GPU")
     loop = p.add_mutually_exclusive_group()
     loop.add_argument("--sync", dest="sync", action="store_true", default=True,
-                      help="your loop waits for every step, e.g. loss.item() each step (the default: a pick for "
-                           "it holds for a loop that does not wait as well)")
+                      help="your loop waits for every step, e.g. loss.item() each step (the default, as for "
+                           "doctor: a pick for it holds for a loop that does not wait as well)")
     loop.add_argument("--async", dest="sync", action="store_false",
                       help="your loop never waits for the step before loading the next batch")
     p.add_argument("--transform", metavar="MODULE:CALLABLE",
@@ -341,6 +365,7 @@ def run_tune(args: argparse.Namespace) -> int:
         result.save(args.save)
     if args.plot:
         result.plot(args.plot)
+    result.message = _in_flags(args, result.message)  # the verdict in the words the user typed
     _print_report(args, result.as_dict(), [] if args.json else format_report(result))
     return EXIT_OK
 
@@ -371,6 +396,10 @@ def run_doctor(args: argparse.Namespace) -> int:
     report = doctor(args.path, batch_size=args.batch_size, step_ms=args.step_ms, model=args.model,
                     workers=args.workers, max_batches=args.max_batches, repeats=args.repeats, crop=args.crop,
                     measure=not args.no_measure, progress=not (args.quiet or args.json))
+    report["verdict"] = _in_flags(args, report["verdict"])  # in the words the user typed
+    for item in report["checks"]:
+        item["message"] = _in_flags(args, item["message"])
+        item["fix"] = item["fix"] and _in_flags(args, item["fix"])
     _print_report(args, report, [] if args.json else format_report(report))
     return EXIT_OK  # a diagnosis: exit 0 whatever it finds
 
@@ -389,6 +418,14 @@ def build_parser() -> Parser:
 
 
 def _run(parser: Parser, argv: Sequence[str] | None) -> int:
+    try:
+        return _run_command(parser, argv)
+    except OutputClosedError:  # the reader of stdout went away: end quietly, as Unix tools do
+        silence(sys.stdout, *([sys.stderr] if pipe_closed(sys.stderr) else []))
+        return EXIT_PIPE
+
+
+def _run_command(parser: Parser, argv: Sequence[str] | None) -> int:
     parser.argv = list(sys.argv[1:] if argv is None else argv)
     for sub in subcommand_parsers(parser):  # each subcommand's parser sees the words too, for its errors
         sub.argv = parser.argv
@@ -396,10 +433,27 @@ def _run(parser: Parser, argv: Sequence[str] | None) -> int:
     used = subcommand_parser(parser, args)
     if extra:
         used.refuse_unknown(extra)
+    args.cli_words = lambda text: in_flag_names(text, used)
+    args.warned = []
+
+    def show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                     file: Any = None, line: str | None = None) -> None:
+        text = in_flag_names(str(message), used)
+        args.warned.append(text)  # for --json's warnings
+        print_warning(text, category, filename, lineno, file, line)
+
     try:
         with warnings.catch_warnings(), library_logs_quiet():
-            warnings.showwarning = print_warning
+            warnings.showwarning = show_warning
             return args.run(args)
+    except OutputClosedError:
+        raise
+    except BrokenPipeError as exc:
+        if pipe_closed(sys.stdout) or pipe_closed(sys.stderr):  # our output's reader, not a network peer
+            silence(sys.stdout, sys.stderr)
+            return EXIT_PIPE
+        print_error(parser.prog, str(exc))
+        return EXIT_ERROR
     except UsageError as exc:
         print_error(parser.prog, in_flag_names(str(exc), used))
         return EXIT_USAGE

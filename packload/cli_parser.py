@@ -13,6 +13,7 @@ import difflib
 import logging
 import os
 import re
+import select
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -38,8 +39,10 @@ def option_strings(parser: argparse.ArgumentParser) -> list[str]:
 
 
 def flag_names(parser: argparse.ArgumentParser) -> dict[str, str]:
-    """Python name → the long flag that sets it, for every option of ``parser``."""
-    names = dict(PARAMETER_FLAGS)
+    """Python name → the long flag that sets it, for every option of ``parser`` (and the names of
+    ``PARAMETER_FLAGS`` whose flag it has)."""
+    flags = set(option_strings(parser))
+    names = {name: flag for name, flag in PARAMETER_FLAGS.items() if flag in flags}
     for action in parser._actions:
         longs = [flag for flag in action.option_strings if flag.startswith("--")]
         if longs and action.dest not in ("help", "version"):
@@ -50,12 +53,14 @@ def flag_names(parser: argparse.ArgumentParser) -> dict[str, str]:
 def in_flag_names(message: str, parser: argparse.ArgumentParser) -> str:
     """``message`` with each Python parameter name (``step_ms``) written as its flag (``--step-ms``).
 
-    Only names with an underscore, or listed in ``PARAMETER_FLAGS``, are replaced, and only as
-    whole words outside paths and flags, so a file name or plain word is left as it is."""
+    Only names with an underscore are replaced, and only as whole words outside paths and flags, so
+    a file name or plain word is left as it is; a name without one (``measure``, a plain word too)
+    only where it is written as a parameter is, ``measure=False``, and the whole setting becomes the flag."""
     for name, flag in sorted(flag_names(parser).items(), key=lambda item: -len(item[0])):
-        if "_" not in name and name not in PARAMETER_FLAGS:
-            continue
-        message = re.sub(rf"(?<![\w\-/.]){re.escape(name)}(?![\w\-/.])", flag, message)
+        if "_" in name:
+            message = re.sub(rf"(?<![\w\-/.]){re.escape(name)}(?![\w\-/.])", flag, message)
+        elif name in PARAMETER_FLAGS:
+            message = re.sub(rf"(?<![\w\-/.]){re.escape(name)}=\w+", flag, message)
     return message
 
 
@@ -64,7 +69,14 @@ class Parser(argparse.ArgumentParser):
     (usage errors quote what was typed: a file name, say) are printed safely."""
 
     def _print_message(self, message: str, file: Any = None) -> None:
-        super()._print_message(safe_lines(message.split("\n")) if message else message, file)
+        if not message:
+            return
+        out = file or sys.stderr
+        try:
+            out.write(safe_lines(message.split("\n")))
+            out.flush()
+        except BrokenPipeError:  # `packload --help | head -3`: the reader went away
+            raise OutputClosedError from None
 
     argv: list[str] | None = None  # the words being parsed, set by the caller for a better error
 
@@ -121,14 +133,21 @@ def subcommand_parsers(parser: argparse.ArgumentParser) -> list[Parser]:
 
 
 def print_error(prog: str, message: str) -> None:
-    """``prog: error: message`` on one line of stderr."""
-    print(safe_lines([f"{prog}: error: {message}"]), file=sys.stderr)
+    """``prog: error: message`` on one line of stderr (nowhere, if stderr's reader has gone away)."""
+    _write_stderr(safe_lines([f"{prog}: error: {message}"]), sys.stderr)
 
 
 def print_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
                   file: Any = None, line: str | None = None) -> None:
     """A ``warnings.showwarning`` for the command line: ``packload: warning: ...`` on one line."""
-    print(safe_lines([f"packload: warning: {message}"]), file=file or sys.stderr)
+    _write_stderr(safe_lines([f"packload: warning: {message}"]), file or sys.stderr)
+
+
+def _write_stderr(text: str, stream: Any) -> None:
+    try:
+        print(text, file=stream, flush=True)
+    except BrokenPipeError:  # `packload ... 2>&1 | head -1`: no one reads it any more
+        silence(stream)
 
 
 @contextmanager
@@ -146,3 +165,48 @@ def library_logs_quiet() -> Iterator[None]:
         yield
     finally:
         root.removeHandler(quiet)
+
+
+# -- output to a reader that may go away -----------------------------------------------------------
+class OutputClosedError(Exception):
+    """stdout's reader went away before the output was written (``packload info x | head -4``)."""
+
+
+def write_stdout(text: str) -> None:
+    """``text`` and a newline on stdout, flushed at once, so that a reader gone away shows here as
+    ``OutputClosedError`` (and not as an error when the interpreter flushes at exit)."""
+    try:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise OutputClosedError from None
+
+
+def pipe_closed(stream: Any) -> bool:
+    """Whether ``stream`` writes into a pipe whose reader has closed it (``poll`` reports an error
+    on such a pipe's write end): what tells a closed stdout or stderr from a failed network write."""
+    try:
+        fd = stream.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def silence(*streams: Any) -> None:
+    """Point ``streams`` at /dev/null, so that nothing more (the interpreter's flush at exit
+    included) is written into a pipe nobody reads; streams without a file descriptor are left."""
+    for stream in streams:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, stream.fileno())
+            finally:
+                os.close(devnull)
+        except (OSError, ValueError, AttributeError):
+            continue
+        try:
+            stream.flush()  # what was left in its buffer goes to /dev/null now
+        except (OSError, ValueError):
+            pass

@@ -85,7 +85,7 @@ BAD = [
     ("tune {d}/p.lmdb --step-ms 5 --batch-size 0", ["--batch-size 0"]),
     ("tune {d}/p.lmdb --step-ms 5 --budget -1", ["--budget -1"]),
     ("tune {d}/p.lmdb --step-ms 5 --max-workers -1", ["--max-workers -1"]),
-    ("tune {d}/p.lmdb", ["--step-ms"]),
+    ("tune {d}/p.lmdb --budget 0", ["--budget 0"]),
     ("tune {d}/nope --step-ms 5", ["nope"]),
     ("tune {d}/p.lmdb --step-ms 5 --save /proc/x.json", ["--save", "virtual file system"]),
     ("tune {d}/p.lmdb --step-ms 5 --plot {d}/no/such/x.png", ["--plot", "does not exist"]),
