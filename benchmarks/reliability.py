@@ -33,13 +33,16 @@ from tests.reliability.full_disk import lmdb_map_growth_check, write_limit_check
 from tests.reliability.hostile import hostile_suite  # noqa: E402
 from tests.reliability.kills import kill_and_resume, kill_points, worker_kill_resume  # noqa: E402
 from tests.reliability.many_readers import load_check  # noqa: E402
+from tests.reliability.object_store import store_suite  # noqa: E402
 from tests.reliability.packs import make_source, pack_small  # noqa: E402
 
-SECTIONS = ("kills", "workers", "corruption", "hostile", "fuzz", "disk", "load")
+SECTIONS = ("kills", "workers", "corruption", "hostile", "fuzz", "disk", "load", "store")
 FULL = {"kill_points": 24, "flips": 600, "truncations": 50, "fuzz": 4000, "fuzz_fields": "full",
-        "load_workers": 16, "load_epochs": 3, "per_class": 30}
+        "load_workers": 16, "load_epochs": 3, "per_class": 30,
+        "store_caches": 40, "store_damages": 200, "store_replacements": 40, "store_faults": 60}
 QUICK = {"kill_points": 3, "flips": 24, "truncations": 6, "fuzz": 150, "fuzz_fields": "quick",
-         "load_workers": 4, "load_epochs": 2, "per_class": 10}
+         "load_workers": 4, "load_epochs": 2, "per_class": 10,
+         "store_caches": 6, "store_damages": 16, "store_replacements": 4, "store_faults": 6}
 
 
 def log(message: str) -> None:
@@ -209,6 +212,8 @@ def summary(results: dict[str, Any], counts: dict[str, int]) -> list[str]:
                      f"({sum('skipped' in r for r in runs)} skipped), {len(results['disk']['problems'])} problems; "
                      f"LMDB map grew from {results['disk']['map_growth']['start_map']} to "
                      f"{results['disk']['map_growth']['final_map']} bytes")
+    if "store" in results:
+        lines += store_lines(results["store"])
     if "load" in results:
         for run in results["load"]["runs"]:
             epochs = run["per_epoch"]
@@ -217,6 +222,31 @@ def summary(results: dict[str, Any], counts: dict[str, int]) -> list[str]:
                          f"{[e['worker_fds_max'] for e in epochs]}, worker RSS MB "
                          f"{[e['worker_rss_mb_max'] for e in epochs]}, problems {len(run['problems'])}")
     return lines
+
+
+def store_lines(store: dict[str, Any]) -> list[str]:
+    """The object-store section's figures (``tests.reliability.object_store``)."""
+    own, damage, replaced = store["cache_ownership"], store["cache_damage"], store["replaced"]
+    dest, stalled, faults, shown = store["destinations"], store["stalls"], store["faults"], store["redaction"]
+    slowest = max(case["seconds"] for case in stalled["cases"])
+    return [
+        f"- store, cache ownership: {own['runs']} cache folders holding {own['user_files']} files of the user's, "
+        f"{own['puts']} writes, {own['evictions']} full evictions, {len(own['problems'])} problems",
+        f"- store, cache damage: {damage['events']} damaged entries ("
+        + ", ".join(f"{n} {k}" for k, n in sorted(damage["by_kind"].items()))
+        + f"), {damage['refetched']} fetched again, {len(damage['problems'])} problems",
+        f"- store, pack replaced under an open reader: {replaced['runs']} runs, {replaced['served']} records served "
+        f"(each the opened pack's), {replaced['refused']} refused as changed, {len(replaced['problems'])} problems",
+        f"- store, destinations: {dest['attempts']} --overwrite attempts onto what is not a pack ({dest['refused']} "
+        f"refused), {dest['failed_packs']} failing packs over a pack, {len(dest['problems'])} problems",
+        f"- store, stalls: {len(stalled['cases'])} cases, each an error; slowest {slowest} s for a "
+        f"{stalled['timeout']} s deadline, {len(stalled['problems'])} problems",
+        f"- store, fault fuzz: {faults['trials']} reads, faults " + ", ".join(
+            f"{n} {k}" for k, n in sorted(faults["faults"].items()))
+        + f"; {faults['whole']} whole, {faults['refused']} refused in one line, slowest {faults['max_seconds']} s, "
+        f"{len(faults['problems'])} problems",
+        f"- store, URLs with secrets: {shown['runs']} commands, {len(shown['problems'])} problems",
+    ]
 
 
 def decoder_problems(fuzzed: dict[str, Any]) -> list[str]:
@@ -261,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
             results["fuzz"] = timed("fuzz", lambda: fuzz(work, counts, big))
         if "disk" in sections:
             results["disk"] = timed("disk", lambda: disk(work))
+        if "store" in sections:
+            results["store"] = timed("store", lambda: store_suite(work / "store", counts))
         if "load" in sections:
             results["load"] = timed("load", lambda: load(refs, counts))
     problems = [p for r in results.values() for p in r.get("problems", [])]

@@ -13,6 +13,12 @@ connection mid-read).
 
 A stalled answer holds its connection open, sending nothing more, until ``release_stalls()`` (or
 the proxy's close): the store that never answers, and the one that stops halfway.
+
+    store.proxy.fault = lambda method, path: ("cut", None)   # any request: a fault of the hook's choosing
+
+``fault`` (None by default) is asked about every request the explicit cuts and stalls leave alone,
+and answers None (forward it) or ``("cut", None)``, ``("stall", None)``, ``("stall", n bytes)`` or
+``("delay", seconds)``: the fuzz of ``tests/reliability/object_store.py`` draws them at random.
 """
 
 from __future__ import annotations
@@ -110,6 +116,7 @@ class CountingProxy:
         self._stalls: list[list[Any]] = []  # [count left, method, path prefix, bytes sent first or None]
         self._released = threading.Event()
         self.stalled = 0  # answers stalled so far
+        self.fault: Any = None  # (method, path) -> None or (kind, argument): see the module's notes
         self._lock = threading.Lock()
         proxy = self
 
@@ -164,6 +171,10 @@ class CountingProxy:
                     return True, stall[3], self._released
         return False, None, self._released
 
+    def _drawn_fault(self, method: str, path: str) -> tuple[str, Any] | None:
+        hook = self.fault
+        return hook(method, path) if hook is not None else None
+
     def _should_cut(self, method: str, path: str) -> bool:
         with self._lock:
             for cut in self._cuts:
@@ -188,6 +199,13 @@ class CountingProxy:
         length = int(handler.headers.get("Content-Length") or 0)
         body = handler.rfile.read(length) if length else None
         stall, after, released = self._should_stall(method, path)
+        drawn = None if stall else self._drawn_fault(method, path)
+        if drawn is not None and drawn[0] == "delay":
+            time.sleep(float(drawn[1]))
+        elif drawn is not None and drawn[0] == "stall":
+            stall, after = True, drawn[1]
+            with self._lock:
+                self.stalled += 1
         if stall and after is None:  # the request was read; no answer comes
             released.wait()
             handler.close_connection = True
@@ -203,7 +221,8 @@ class CountingProxy:
                 size = answer.getheader("Content-Length", "0") if method == "HEAD" else str(len(data))
             else:
                 data = None  # streamed below, as it arrives
-            cut = self._should_cut(method, path) and int(size) > 1 and method != "HEAD"
+            cut = (self._should_cut(method, path) or (drawn is not None and drawn[0] == "cut")) and int(size) > 1 \
+                and method != "HEAD"
             if stall and method != "HEAD":
                 cut = False
             handler.send_response(answer.status, answer.reason)
