@@ -23,6 +23,7 @@ from torch.utils.data import Dataset
 from packload.core.errors import ChecksumError, PackChangedError, PackFormatError, UsageError
 from packload.core.format import FORMAT_CODE
 from packload.core.remote import is_url
+from packload.core.urls import display_url
 from packload.loaders.batch_fill import RawGather, Replace, fill_decoded
 from packload.loaders.collate import collate_encoded, collate_uint8
 from packload.loaders.crop import CenterCrop, mirror_rows
@@ -87,6 +88,7 @@ class PackedImageFolder(Dataset):
         if on_error not in ON_ERROR:
             raise ValueError(f"unknown on_error {on_error!r}; choose raise or skip")
         self.root: Path | str = str(root).rstrip("/") if is_url(root) else Path(root)
+        self._shown = display_url(str(self.root)) if is_url(root) else str(self.root)  # in messages: no secrets
         # Where a pack at a URL is cached; each process's reader is opened with them.
         self._remote_options: dict[str, Any] = {"cache_dir": cache_dir, "cache_limit": cache_limit,
                                                 "storage_options": storage_options,
@@ -283,7 +285,7 @@ class PackedImageFolder(Dataset):
             sideways = np.isin(entries["orientation"], (5, 6, 7, 8))
             heights, widths = np.where(sideways, widths, heights), np.where(sideways, heights, widths)
         if len(positions) and ((heights != heights[0]).any() or (widths != widths[0]).any()):
-            raise UsageError(f"{self.root}: images of different sizes cannot share a batch; pack with "
+            raise UsageError(f"{self._shown}: images of different sizes cannot share a batch; pack with "
                              "--size HxW, or give a crop (or a transform) that makes one size")
         if not len(positions):
             return 0, 0
@@ -330,7 +332,7 @@ class PackedImageFolder(Dataset):
                 except ChecksumError as exc:
                     warnings.warn(f"skipping damaged {reader.where(candidate)}: {exc}", stacklevel=4)
             else:
-                raise PackFormatError(f"{self.root}: no intact record left to return")
+                raise PackFormatError(f"{self._shown}: no intact record left to return")
         return chosen, views
 
     @property
@@ -391,7 +393,7 @@ class PackedImageFolder(Dataset):
                                 **self._remote_options)
             if reader.identity != self._identity:
                 reader.close()
-                raise PackChangedError(f"{self.root}: now holds another pack than the one this dataset opened "
+                raise PackChangedError(f"{self._shown}: now holds another pack than the one this dataset opened "
                                        "(it was packed again over it); create the dataset again to read the new "
                                        "pack, or restore the old one")
             self._reader = reader
@@ -435,7 +437,7 @@ class PackedImageFolder(Dataset):
             if self.target_transform is not None:
                 target = self.target_transform(target)
             return image, target
-        raise PackFormatError(f"{self.root}: no intact record left to return")
+        raise PackFormatError(f"{self._shown}: no intact record left to return")
 
     def _decode(self, reader: PackReader, index: int, view: memoryview) -> Any:
         if self.output == "bytes":
