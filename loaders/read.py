@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from packload.core.display import terminal_safe
+from packload.core.display import plural, terminal_safe
 from packload.core.errors import ChecksumError, IncompletePackError, PackFormatError, UsageError
 from packload.core.format import INDEX_ENTRY, MANIFEST_NAME, PAYLOAD_FORMATS, check_entries, entry_path
 from packload.core.manifest import MANIFEST_LIMIT
@@ -228,7 +228,7 @@ class PackReader:
     def normalize_index(self, i: int) -> int:
         """``i`` as a record number in 0..records-1 (negative counts from the end); IndexError if out of range."""
         if not -self.records <= i < self.records:
-            raise IndexError(f"record {i} out of range: the pack has {self.records} records")
+            raise IndexError(f"record {i} out of range: the pack has {plural(self.records, 'record')}")
         return i % self.records if i < 0 else i
 
     # -- payloads --------------------------------------------------------------------------
@@ -261,7 +261,7 @@ class PackReader:
             return positions  # the common case, checked with two reductions and no copy
         bad = (positions < -self.records) | (positions >= self.records)
         if bad.any():
-            raise IndexError(f"record {int(positions[bad][0])} out of range: the pack has {self.records} records")
+            raise IndexError(f"record {int(positions[bad][0])} out of range: the pack has {plural(self.records, 'record')}")
         return np.where(positions < 0, positions + self.records, positions)
 
     def payloads(self, indices: Sequence[int], verify: bool = False) -> list[memoryview]:

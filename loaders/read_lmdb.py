@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from packload.core.display import pack_phrase
 from packload.core.errors import IncompletePackError, PackFormatError, UsageError
 from packload.core.format import (
     INDEX_ENTRY,
@@ -88,7 +89,7 @@ class LmdbPack:
                                   f"{MANIFEST_LIMIT:,} a packload manifest may take; the pack is damaged")
         self.manifest: dict[str, Any] = decode_manifest(self._value(*manifest).tobytes(), str(self.path))
         if self.manifest["backend"] != "lmdb":
-            raise PackFormatError(f"{self.path}: manifest is for a {self.manifest['backend']} pack")
+            raise PackFormatError(f"{self.path}: manifest is for {pack_phrase(self.manifest['backend'])}")
         if index is None:
             raise PackFormatError(f"{self.path}: no index; the pack is damaged")
         # Sizes checked against what can be true before the index is read (see decode_index).

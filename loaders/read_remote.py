@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from packload.core.display import pack_phrase
 from packload.core.errors import (
     ChecksumError,
     IncompletePackError,
@@ -164,8 +165,8 @@ class RemoteShardsPack:
         self.manifest_sha256 = hashlib.sha256(raw).hexdigest()
         self.manifest = decode_manifest(raw, self.store.shown_of(MANIFEST_NAME))
         if self.manifest["backend"] != "shards":
-            raise PackFormatError(f"{self.store.shown_of(MANIFEST_NAME)}: manifest is for a "
-                                  f"{self.manifest['backend']} pack")
+            raise PackFormatError(f"{self.store.shown_of(MANIFEST_NAME)}: manifest is for "
+                                  f"{pack_phrase(self.manifest['backend'])}")
         self.key = pack_folder_name("pack", self.manifest_sha256)
         self.part_names, sizes = self._shard_list(listing)
         self.part_sizes = np.array(sizes, dtype=np.int64)

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from packload.core.display import pack_phrase
 from packload.core.errors import IncompletePackError, PackFormatError, UsageError
 from packload.core.format import (
     FORMAT_VERSION,
@@ -79,7 +80,7 @@ class ShardsPack:
     def _open(self) -> None:
         self.manifest = self._read_manifest()
         if self.manifest["backend"] != "shards":
-            raise PackFormatError(f"{self.path / MANIFEST_NAME}: manifest is for a {self.manifest['backend']} pack")
+            raise PackFormatError(f"{self.path / MANIFEST_NAME}: manifest is for {pack_phrase(self.manifest['backend'])}")
         index_path = self.path / INDEX_NAME
         # Every size is checked against what can be true before anything is read: the shards' sizes
         # against the manifest, the index's against the manifest and its header against both, each

@@ -23,7 +23,7 @@ from typing import Any
 import lmdb
 
 from packload.core.cpus import usable_cores
-from packload.core.display import terminal_safe
+from packload.core.display import plural, terminal_safe
 from packload.core.errors import PackFormatError, SkippedFileError, UsageError, WriteError
 from packload.core.format import (
     INDEX_NAME,
@@ -456,7 +456,7 @@ def _write_all(scan: ScanResult, writer: ShardsWriter | LmdbWriter, start: int, 
         bar.close()
     if writer.index.count == 0:
         writer.close()
-        raise UsageError(f"{scan.root}: none of the {total} image files could be packed "
+        raise UsageError(f"{scan.root}: none of the {plural(total, 'image file')} could be packed "
                          f"(first problem: {skipped[0]['path']}: {skipped[0]['reason']})")
     manifest = build_manifest(
         backend=options_record["backend"], encoding=options.encoding,

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from packload.core.display import terminal_safe
+from packload.core.display import plural, terminal_safe
 from packload.core.errors import PackloadError, SkippedFileError, UsageError
 from packload.core.manifest import build_manifest, ignored_count, skipped_count
 from packload.core.progress import progress_bar
@@ -81,7 +81,7 @@ def _failure(exc: BaseException, dst: str, ranges: list[tuple[int, int]], task: 
     start, stop = ranges[task]
     text = str(cause).strip().splitlines()[-1] if str(cause).strip() else type(cause).__name__
     return PackloadError(f"{dst}: Ray task {task} (files {start}..{stop - 1}, from {samples[start].path}) failed "
-                         f"after {retries} retries ({type(cause).__name__}: {text}); {after}")
+                         f"after {plural(retries, 'retry')} ({type(cause).__name__}: {text}); {after}")
 
 
 def pack_ray(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: str | None = None,
@@ -193,7 +193,7 @@ class _Run:
             records = sum(r["records"] for r in results)
             skipped = [s for r in results for s in r["skipped"]]
             if records == 0:
-                raise UsageError(f"{self.root}: none of the {len(scan.samples)} image files could be packed "
+                raise UsageError(f"{self.root}: none of the {plural(len(scan.samples), 'image file')} could be packed "
                                  f"(first problem: {skipped[0]['path']}: {skipped[0]['reason']})")
             sources = target.sources(results)
             part_bases = np.cumsum([0] + [len(s.parts) for s in sources])[:-1].tolist()

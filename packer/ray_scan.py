@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from packload.core.display import plural
 from packload.core.errors import PackloadError, UsageError
 from packload.core.remote import RemoteStore, is_url
 from packload.core.scan import (
@@ -129,5 +130,5 @@ def _failure(exc: BaseException, root: str, retries: int) -> PackloadError:
     if isinstance(cause, PackloadError) and not isinstance(cause, OSError):
         return type(cause)(str(cause))
     text = str(cause).strip().splitlines()[-1] if str(cause).strip() else type(cause).__name__
-    return PackloadError(f"{root}: a Ray task listing the source's classes failed after {retries} retries "
+    return PackloadError(f"{root}: a Ray task listing the source's classes failed after {plural(retries, 'retry')} "
                          f"({type(cause).__name__}: {text}); nothing was packed; fix the cause and pack again")

@@ -92,7 +92,7 @@ def test_failed_task_is_retried(ray_instance: Path, source: Path, tmp_path: Path
 def test_persistent_failure_publishes_nothing(ray_instance: Path, source: Path, tmp_path: Path) -> None:
     ray_instance.write_text("3")
     try:
-        with pytest.raises(PackloadError, match=r"Ray task 3 \(files 15\.\.19, .*failed after 1 retries.*injected"):
+        with pytest.raises(PackloadError, match=r"Ray task 3 \(files 15\.\.19, .*failed after 1 retry .*injected"):
             pack_ray(source, tmp_path / "out.shards", task_files=5, progress=False, max_retries=1)
     finally:
         ray_instance.unlink()

@@ -123,7 +123,7 @@ def test_a_failing_listing_task_fails_the_pack_in_one_line(ray_here: LocalRay, t
     src = _odd_tree(tmp_path / "images")
     ray_here.marker.write_text("scan")
     try:
-        with pytest.raises(PackloadError, match="listing the source's classes failed after 1 retries .*injected"):
+        with pytest.raises(PackloadError, match="listing the source's classes failed after 1 retry .*injected"):
             pack_ray(src, tmp_path / "out.shards", task_files=4, progress=False, max_retries=1)
     finally:
         ray_here.marker.unlink()

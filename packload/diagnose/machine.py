@@ -16,6 +16,7 @@ from typing import Any
 
 from packload.core.cgroups import cgroup_version, read_text
 from packload.core.cpus import affinity_cpus, cgroup_cpu_limit, physical_cores, usable_cpus
+from packload.core.display import plural
 from packload.core.memory import cgroup_memory_limit, read_meminfo
 from packload.core.storage import MEMORY_FS, StorageFacts, storage_facts
 from packload.diagnose.checks import GIB, Check, check, human_bytes
@@ -65,17 +66,17 @@ def cpu_checks(logical: int, physical: int | None, affinity: int, quota: float |
     """What the CPU counts mean for DataLoader workers."""
     usable = usable_cpus(affinity, quota)
     low, high = workers_range(usable)
-    parts = [f"{logical} logical CPUs", f"{physical} physical cores" if physical else "physical cores unknown",
+    parts = [plural(logical, "logical CPU"), plural(physical, "physical core") if physical else "physical cores unknown",
              f"{affinity} in this process's affinity mask"]
-    parts.append(f"cgroup quota {quota:g} CPUs" if quota is not None else "no cgroup CPU quota")
+    parts.append(f"cgroup quota {plural(quota, 'CPU')}" if quota is not None else "no cgroup CPU quota")
     checks = [check("cpu", "info", f"{', '.join(parts)}: {usable:g} usable; num_workers {low}-{high} makes sense")]
     if usable < logical:
         checks.append(check("cpu_limit", "warn",
-                            f"only {usable:g} of the {logical} CPUs are usable here (affinity or cgroup quota); "
+                            f"only {usable:g} of the {plural(logical, 'CPU')} are usable here (affinity or cgroup quota); "
                             "os.cpu_count() overstates what workers can use",
                             f"size num_workers from the usable CPUs ({low}-{high}), not os.cpu_count()"))
     if usable < 4:
-        checks.append(check("cpu_few", "warn", f"{usable:g} usable CPUs: decoding and augmenting images on so few "
+        checks.append(check("cpu_few", "warn", f"{plural(usable, 'usable CPU')}: decoding and augmenting images on so few "
                             "cores rarely keeps a GPU busy",
                             "rent more CPU cores per GPU, decode at reduced size (decode_size), "
                             "or pack once at training resolution (--encoding raw --size)" + fast_hint()))
@@ -174,7 +175,7 @@ def _disk_check(disk: str | None, spinning: bool | None) -> Check:
 def small_files_check(files: int, total_bytes: int, many: int = 10_000, small: int = 200_000) -> Check:
     """Many small files are slow to open and read one by one: recommend packing them."""
     mean = total_bytes / files if files else 0
-    text = f"{files:,} files, {human_bytes(total_bytes)}, {human_bytes(mean)} on average"
+    text = f"{plural(files, 'file')}, {human_bytes(total_bytes)}, {human_bytes(mean)} on average"
     if files > many and mean < small:
         return check("small_files", "warn", f"{text}: many small files, one open() and one small read each",
                      "pack it: `pack SRC DEST.shards`, then load with loaders.PackedImageFolder")

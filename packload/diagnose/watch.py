@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from packload.core.display import plural
+
 INPUT_BOUND_SHARE = 0.10  # waiting for data more than this share of the time: input-bound
 MEMORY_BOUND_SHARE = 0.90  # peak GPU memory above this share of the device's ...
 SMALL_BATCH = 32  # ... with batches of at most this many samples: memory-bound
@@ -158,7 +160,7 @@ class Watch:
     def line(self) -> str:
         """The one-line verdict, with what to try."""
         s = self.summary()
-        waited = f"{s['wait_share']:.0%} of the time waiting for data ({s['batches']} batches"
+        waited = f"{s['wait_share']:.0%} of the time waiting for data ({plural(s['batches'], 'batch')}"
         waited += f", step {s['step_ms']:.1f} ms)" if s["step_ms"] is not None else ")"
         if s["kind"] == "input-bound":
             step = f"{max(1, round(s['step_ms']))}" if s["step_ms"] is not None else "STEP_MS"  # > 0, as tune needs
