@@ -29,6 +29,7 @@ from packload.loaders.collate import collate_encoded, collate_uint8
 from packload.loaders.crop import CenterCrop, mirror_rows
 from packload.loaders.decode import DECODE_ERRORS, decode_array, decode_failure, decode_pil, to_output
 from packload.loaders.decode_threads import DecodeThreads
+from packload.loaders.fields import FieldColumn, PackFields, Target, TargetSpec, field_types
 from packload.loaders.hints import PackHints
 from packload.loaders.params import check_batch_memory, check_decode_size
 from packload.loaders.random_crop import Draws, RandomResizedCrop, check_crop, flip_probability, flips
@@ -73,6 +74,12 @@ class PackedImageFolder(Dataset):
         decode_threads: threads that decode a batch asked for with ``__getitems__`` (as a
             DataLoader does) outside DataLoader workers, e.g. with ``num_workers=0`` (None: one per
             usable core; 1: the calling thread). Transforms still run in order in the calling thread.
+        target: what comes back beside each image, for a pack made from a table (``pack --labels``):
+            a field's name (``"caption"``), a tuple of names (``("label", "attributes")``; ``label``
+            is the class index), or a callable given a mapping of the record's fields. None (the
+            default): the class index. ``get_batch`` (and ``PackLoader``, ``batch_loader``) batch
+            numbers as tensors and strings as lists. ``fields`` names the pack's fields with their
+            types; ``field(name)`` gives one field of every record (docs/FIELDS.md).
     """
 
     def __init__(self, root: str | os.PathLike[str], transform: Callable[[Any], Any] | None = None,
@@ -82,7 +89,7 @@ class PackedImageFolder(Dataset):
                  parallel_reads: bool | None = None, source_root: str | os.PathLike[str] | None = None,
                  cache_dir: str | os.PathLike[str] | None = None, cache_limit: int | None = None,
                  storage_options: dict[str, Any] | None = None, decode_threads: int | None = None,
-                 timeout: float | None = None) -> None:
+                 timeout: float | None = None, target: TargetSpec | None = None) -> None:
         if output not in OUTPUTS:
             raise ValueError(f"unknown output {output!r}; choose one of {', '.join(OUTPUTS)}")
         if on_error not in ON_ERROR:
@@ -110,6 +117,9 @@ class PackedImageFolder(Dataset):
             self.classes: list[str] = reader.classes
             self.targets: list[int] = reader.labels().tolist()
             self._identity = reader.identity  # every process that reopens the pack checks it is this one
+            self.fields: dict[str, str] = field_types(reader.manifest)  # {name: type} of the table's fields
+            self.target = target
+            self._target = Target(target, self.fields) if target is not None else None
         except BaseException:
             reader.close()
             raise
@@ -119,6 +129,7 @@ class PackedImageFolder(Dataset):
         # A pack at a URL stays open: forked DataLoader workers carry its manifest and index over.
         self._reader: PackReader | None = reader if reader.ranged else None
         self._gather: RawGather | None = None
+        self._fields: PackFields | None = None
         self._draws = Draws()
         self._decode_threads = DecodeThreads(decode_threads)
 
@@ -133,7 +144,8 @@ class PackedImageFolder(Dataset):
         """A whole batch: the reader fetches contiguous records in large requests, then decodes."""
         reader = self.reader()
         positions = reader.positions(indices)
-        plain_bytes = self.output == "bytes" and self.transform is None and self.target_transform is None
+        plain_bytes = self.output == "bytes" and self.transform is None and self.target_transform is None \
+            and self._target is None
         try:
             if plain_bytes:  # copied straight from the map, no view per record
                 payloads = reader.payload_bytes(positions, verify=self.verify)
@@ -199,7 +211,11 @@ class PackedImageFolder(Dataset):
             check_batch_memory(len(positions), crop.size, "crop size")
         draws = draws or Draws()
         if crop is None and self.transform is not None:  # the caller's transform decides the size
-            batch, labels = collate_uint8(self.__getitems__(positions.tolist()), pin_memory=pin_memory)
+            items = self.__getitems__(positions.tolist())
+            batch, labels = collate_uint8(items if self._target is None else [(image, 0) for image, _ in items],
+                                          pin_memory=pin_memory)
+            if self._target is not None:  # targets read (and transformed) with their images
+                labels = self._target.collate([target for _, target in items])
             batch = batch.contiguous(memory_format=torch.channels_last) if channels_last else batch
         elif crop is None and self.encoding == "raw" and not self.exif_transpose:
             try:
@@ -228,7 +244,8 @@ class PackedImageFolder(Dataset):
         positions = reader.positions(indices)
         chosen, views = self._payloads(reader, positions)
         labels = reader.entries["label"][np.asarray(chosen, dtype=np.int64)].tolist()
-        return collate_encoded(list(zip(views, labels, strict=True)), pin_memory=pin_memory)
+        data, offsets, classes = collate_encoded(list(zip(views, labels, strict=True)), pin_memory=pin_memory)
+        return data, offsets, self._batch_targets(reader, chosen, classes)
 
     def _gather_batch(self, reader: PackReader, positions: np.ndarray, channels_last: bool,
                       pin_memory: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -245,7 +262,7 @@ class PackedImageFolder(Dataset):
         if not channels_last:
             images = torch.empty(images.shape, dtype=torch.uint8, pin_memory=pin).copy_(images)
         labels = torch.from_numpy(plan.labels[positions])
-        return images, (labels.pin_memory() if pin else labels)
+        return images, self._batch_targets(reader, positions, labels.pin_memory() if pin else labels)
 
     def _decode_batch(self, reader: PackReader, positions: np.ndarray, crop: CenterCrop | RandomResizedCrop | None,
                       channels_last: bool, pin_memory: bool, images: torch.Tensor | None = None,
@@ -266,7 +283,28 @@ class PackedImageFolder(Dataset):
                               exif_transpose=self.exif_transpose, replace=self._replacer(reader), fast_idct=fast_idct,
                               draws=draws, mirror=mirror)
         labels = torch.from_numpy(reader.entries["label"][np.asarray(chosen, dtype=np.int64)].astype(np.int64))
-        return images, (labels.pin_memory() if pin else labels)
+        return images, self._batch_targets(reader, chosen, labels.pin_memory() if pin else labels)
+
+    def _batch_targets(self, reader: PackReader, chosen: Sequence[int] | np.ndarray, labels: torch.Tensor) -> Any:
+        """The batch's targets: ``labels`` (the class indices), or the ``target``'s, batched."""
+        if self._target is None:
+            return labels
+        return self._target.batch(self._fields_of(reader), np.asarray(chosen, dtype=np.int64))
+
+    def _fields_of(self, reader: PackReader) -> PackFields:
+        """The fields of this process's reader (decoded on first use; checked under ``verify``)."""
+        if self._fields is None or self._fields.reader is not reader:
+            self._fields = PackFields(reader, check=self.verify)
+        return self._fields
+
+    def field(self, name: str) -> FieldColumn:
+        """Field ``name`` of every record, in record order: a NumPy array for numbers and booleans, a
+        ``StringColumn`` (a sequence of ``str``) or a ``ListColumn`` (a sequence of NumPy arrays)
+        otherwise; ``label`` gives the class indices. Views of the pack's bytes, valid while this
+        dataset's reader is open."""
+        if name != "label" and name not in self.fields:
+            raise KeyError(f"{self.root}: " + Target.missing(name, self.fields))
+        return self._fields_of(self.reader()).column(name)
 
     def _raw_gather(self, reader: PackReader) -> RawGather:
         """The raw-batch gatherer of this process's reader (built on first use)."""
@@ -405,6 +443,7 @@ class PackedImageFolder(Dataset):
             self._reader.close()
         self._reader = None
         self._gather = None
+        self._fields = None
         self._decode_threads.close()
 
     def _sample(self, reader: PackReader, index: int, view: memoryview | None,
@@ -429,7 +468,8 @@ class PackedImageFolder(Dataset):
                     raise decode_failure(exc, reader.where(candidate)) from exc
                 warnings.warn(f"skipping damaged {reader.where(candidate)}: {exc}", stacklevel=3)
                 continue
-            target = self.targets[candidate]
+            target = self.targets[candidate] if self._target is None else \
+                self._target.one(self._fields_of(reader), candidate)
             if getattr(self.transform, "keyed", False):  # draws keyed by the sample (RandomResizedCrop)
                 image = self.transform(image, index=index, draws=self._draws)
             elif self.transform is not None:
@@ -456,6 +496,7 @@ class PackedImageFolder(Dataset):
         state = dict(self.__dict__)
         state["_reader"] = None  # OS resources stay in the process that opened them
         state["_gather"] = None
+        state["_fields"] = None
         return state
 
     def __repr__(self) -> str:

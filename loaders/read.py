@@ -341,6 +341,11 @@ class PackReader:
         """The index exactly as stored (for checksums)."""
         return self._open_pack().index_bytes()
 
+    def fields_bytes(self) -> memoryview | bytes:
+        """The fields part of a pack made from a table (``loaders.fields`` reads it), its size checked
+        against the manifest; ``PackFormatError`` when it is missing."""
+        return self._open_pack().fields_bytes()
+
     def pack_bytes(self) -> int:
         """Bytes the pack takes, from sizes checked when it was opened (what ``info`` reports): a
         shards pack's manifest, index and shards (each the size the manifest lists, and where its

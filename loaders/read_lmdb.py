@@ -23,6 +23,7 @@ from packload.core.display import pack_phrase
 from packload.core.errors import IncompletePackError, PackFormatError, UsageError
 from packload.core.format import (
     INDEX_ENTRY,
+    LMDB_FIELDS_KEY,
     LMDB_INDEX_KEY,
     LMDB_MANIFEST_KEY,
     PROGRESS_KEY,
@@ -180,6 +181,16 @@ class LmdbPack:
     def index_bytes(self) -> bytes:
         """The index exactly as stored (for checksums)."""
         return self._index_view.tobytes() if self._index_view is not None else b""
+
+    def fields_bytes(self) -> memoryview:
+        """The ``#fields`` value (a pack made from a table), a view of the map, its size checked
+        against the manifest's."""
+        [place] = self._layout.locate_many([LMDB_FIELDS_KEY])
+        if place is None:
+            raise PackFormatError(f"{self.path}: no #fields, though the manifest lists the pack's fields; the pack "
+                                  "is damaged")
+        check_listed_size(place[1], self.manifest.get("fields", {}).get("size"), f"{self.path}: #fields")
+        return self._value(*place)
 
     def pack_bytes(self) -> int:
         """Bytes of the file LMDB's pages take (``used_bytes``): a tail past them is never read."""

@@ -22,6 +22,7 @@ import numpy as np
 from packload.core.display import pack_phrase
 from packload.core.errors import IncompletePackError, PackFormatError, UsageError
 from packload.core.format import (
+    FIELDS_NAME,
     FORMAT_VERSION,
     INDEX_ENTRY,
     INDEX_NAME,
@@ -63,6 +64,7 @@ class ShardsPack:
 
     backend = "shards"
     manifest_bytes = 0
+    _fields_map: mmap.mmap | None = None
 
     def __init__(self, path: Path, fetcher: ParallelFetcher) -> None:
         self.path = path
@@ -228,6 +230,25 @@ class ShardsPack:
         """The index exactly as stored (for checksums)."""
         return bytes(self._index_map) if self._index_map is not None else b""
 
+    def fields_bytes(self) -> memoryview:
+        """``fields.bin`` (a pack made from a table), mapped on first use, its size checked against
+        the manifest's."""
+        if self._fields_map is None:
+            path = self.path / FIELDS_NAME
+            try:
+                fd, info = open_regular(FIELDS_NAME, dir_fd=self._dir)
+            except FileNotFoundError:
+                raise PackFormatError(f"{path}: missing, though the manifest lists the pack's fields; the pack is "
+                                      "incomplete, copy it again") from None
+            except OSError as exc:
+                raise _damaged_file(path, exc) from None
+            try:
+                check_listed_size(info.st_size, self.manifest.get("fields", {}).get("size"), str(path))
+                self._fields_map = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            finally:
+                os.close(fd)
+        return memoryview(self._fields_map)
+
     def pack_bytes(self) -> int:
         """Bytes of the manifest, the index and the shards, as checked at open (no other file counts)."""
         index = len(self._index_map) if self._index_map is not None else 0
@@ -250,6 +271,12 @@ class ShardsPack:
             except BufferError:
                 pass  # a caller still holds a payload view; the map is freed with that view
         self._maps.clear()
+        if self._fields_map is not None:
+            try:
+                self._fields_map.close()
+            except BufferError:
+                pass  # a caller still holds a column; the map is freed with it
+            self._fields_map = None
         if self._index_map is not None:
             self.entries = np.zeros(0, INDEX_ENTRY)
             try:

@@ -52,6 +52,7 @@ from packload.core.errors import PackFormatError, UsageError, WriteError
 from packload.core.progress import progress_bar
 from packload.core.remote import download_pack, is_url
 from packload.core.storage import unwritable_reason
+from packload.loaders.fields import table_text
 from packload.loaders.read import PackReader
 
 _SUFFIX = {"JPEG": ".jpg", "PNG": ".png", "raw": ".png"}
@@ -404,6 +405,21 @@ def unpack(path: str | os.PathLike[str], out: str | os.PathLike[str], overwrite:
             if _case_matters(paths, formats, targets) and _folds_case(root_fd):
                 targets = plan_targets(paths, formats, fold_case=True)
             files, size = _write_all(reader, targets, root_fd, out_dir, progress)
+            table = _write_table(reader, targets, root_fd, out_dir)
         renamed = [{"path": p, "written_as": str(t.path)} for p, t in zip(paths, targets, strict=True) if t.renamed]
         return {"path": str(reader.path), "out": str(out_dir), "files": files, "bytes": size,
-                "skipped_at_pack_time": reader.manifest["skipped"], "renamed": renamed}
+                "skipped_at_pack_time": reader.manifest["skipped"], "renamed": renamed, "table": table}
+
+
+def _write_table(reader: PackReader, targets: list[Target], root_fd: int, shown: Path) -> str | None:
+    """A pack made from a table: write the table back beside the images, as CSV named after the
+    one packed (``labels.csv``), its paths the files as written; returns its name (None: no table)."""
+    fields = reader.manifest.get("fields")
+    if not isinstance(fields, dict):
+        return None
+    packed = str(fields.get("table", {}).get("name") or "labels.csv")
+    stem = PurePosixPath(packed).stem if "/" not in packed and "\\" not in packed else ""
+    name = f"{stem}.csv" if stem and not stem.startswith(".") and "\0" not in stem else "labels.csv"
+    text = table_text(reader, [str(target.path) for target in targets])
+    _write_file(root_fd, name, memoryview(text.encode("utf-8")), shown / name, set())
+    return name

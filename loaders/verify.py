@@ -30,6 +30,7 @@ from packload.core.progress import progress_bar
 from packload.core.remote import download_pack, is_url
 from packload.core.urls import display_url
 from packload.loaders.decode import decode_pil
+from packload.loaders.fields import fields_info, verify_fields
 from packload.loaders.read import PackReader
 
 HASH_BLOCK = 8 << 20
@@ -58,6 +59,7 @@ def info(path: str | os.PathLike[str]) -> dict[str, Any]:
             "options": manifest.get("options", {}),
             "created": manifest.get("created"),
             "packload_version": manifest.get("packload_version"),
+            "fields": fields_info(manifest),
         }
 
 
@@ -206,7 +208,7 @@ def verify(path: str | os.PathLike[str], decode: bool = False, progress: bool = 
             report = verify(download_pack(str(path), folder), decode, progress)
         return dict(report, path=display_url(str(path).rstrip("/")))
     with PackReader(path) as reader:
-        damaged_files = file_problems(reader) + manifest_problems(reader)
+        damaged_files = file_problems(reader) + manifest_problems(reader) + verify_fields(reader)
         bad = []
         for i in progress_bar(range(reader.records), unit="rec", desc=f"verify {terminal_safe(reader.path.name)}",
                       disable=not progress):

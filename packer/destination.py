@@ -32,9 +32,11 @@ from pathlib import Path
 
 from packload.core.errors import PackFormatError, UsageError, WriteError
 from packload.core.format import (
+    FIELDS_NAME,
     FORMAT_NAME,
     INDEX_NAME,
     LMDB_CHUNK_PREFIX,
+    LMDB_FIELDS_KEY,
     LMDB_INDEX_KEY,
     LMDB_MANIFEST_KEY,
     MANIFEST_NAME,
@@ -55,11 +57,11 @@ from packload.packer.write_shards import fsync_dir
 PARTIAL_SUFFIX = ".partial"
 LOCK_SUFFIX = ".lock"
 LMDB_LOCK_SUFFIX = "-lock"  # the lock file LMDB keeps beside a file it writes
-_OUR_FILES = (MANIFEST_NAME, INDEX_NAME, PROGRESS_NAME, RAY_RUN_NAME, TASK_DONE_NAME, TASK_PLACED_NAME)
+_OUR_FILES = (MANIFEST_NAME, INDEX_NAME, FIELDS_NAME, PROGRESS_NAME, RAY_RUN_NAME, TASK_DONE_NAME, TASK_PLACED_NAME)
 _PACK_FILE = re.compile(f"({'|'.join(map(re.escape, _OUR_FILES))}|{SHARD_NAME_PATTERN})"
                         r"(\.tmp)?")
 _TASK_DIR = re.compile(r"task-\d{5,}|\.input-\d+")  # Ray's task folders, merge's staging folders
-_OUR_KEYS = (LMDB_MANIFEST_KEY, LMDB_INDEX_KEY, PROGRESS_KEY)
+_OUR_KEYS = (LMDB_MANIFEST_KEY, LMDB_INDEX_KEY, LMDB_FIELDS_KEY, PROGRESS_KEY)
 
 
 def partial_path(dst: Path) -> Path:

@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ from packload.core.lmdb_pages import file_keys
 from packload.core.manifest import build_manifest, ignored_count, skipped_count
 from packload.core.progress import progress_bar
 from packload.core.remote import is_url
-from packload.core.scan import Sample, ScanResult, printable, scan_folder
+from packload.core.scan import Sample, ScanResult, printable
 from packload.core.threads import single_core_torch_pool
 from packload.core.workers import process_pool
 from packload.packer import encode
@@ -61,8 +62,9 @@ from packload.packer.destination_lock import DestinationLock
 from packload.packer.encode import Encoded, EncodeOptions, Skipped, encode_chunk
 from packload.packer.pack_url import pack_to_url
 from packload.packer.resume_options import options_changed, options_from_record
-from packload.packer.write_lmdb import LmdbWriter
+from packload.packer.table_source import TableOptions, fields_summary, scan_source, table_of
 from packload.packer.url_destination import pack_name
+from packload.packer.write_lmdb import LmdbWriter
 from packload.packer.write_shards import ShardsWriter
 
 DEFAULT_SHARD_SIZE = 256 << 20
@@ -221,8 +223,13 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: s
          shard_size: int = DEFAULT_SHARD_SIZE, overwrite: bool = False, resume: bool = False,
          strict: bool = False, progress: bool = True, checkpoint_every: int | None = None,
          shard_sink: Callable[[Path], None] | None = None,
-         storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+         storage_options: dict[str, Any] | None = None,
+         labels: str | os.PathLike[str] | TableOptions | None = None) -> dict[str, Any]:
     """Pack the ImageFolder tree ``src`` into ``dst`` (an LMDB file or a shards folder).
+
+    ``labels``: a table (``labels.csv``, ``.jsonl``, ``.parquet``; or ``TableOptions``) of one row per
+    image, its ``path`` relative to ``src``: its ``label`` column is the class and its other columns
+    become the pack's fields (``packer.table_source``, docs/FIELDS.md).
 
     ``dst`` may be a URL (``s3://bucket/train.shards``, ``gs://...``, any fsspec URL): the pack is
     then written through ``packer.pack_url`` (shards uploaded as they are finished, the manifest
@@ -241,7 +248,7 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: s
         return pack_to_url(src, url, local_pack=pack, backend=backend_for(Path(pack_name(url)), backend),
                            options=options, workers=workers, shard_size=shard_size,
                            overwrite=overwrite, resume=resume, strict=strict, progress=progress,
-                           checkpoint_every=checkpoint_every, storage_options=storage_options)
+                           checkpoint_every=checkpoint_every, storage_options=storage_options, labels=labels)
     started = time.perf_counter()
     src_path, dst_path = Path(src), Path(dst)
     options = options or EncodeOptions()
@@ -256,7 +263,7 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: s
     check_apart(dst_path, [src_path], "the source folder")
     with DestinationLock(dst_path):
         check_destination(dst_path, overwrite)
-        scan = scan_folder(src_path)
+        scan = scan_source(src_path, labels, strict, storage_options)
         scan.check_layout(strict)
         if strict:
             scan.refuse_not_regular()
@@ -264,6 +271,8 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: s
         options_record = {"backend": backend, **asdict(options)}
         if options.size is not None:
             options_record["size"] = list(options.size)
+        if table_of(scan) is not None:
+            options_record["labels"] = table_of(scan).options_record()
         writer, start, skipped = _open_writer(scan, tmp, backend, shard_size, options_record, overwrite, resume)
         if shard_sink is not None and isinstance(writer, ShardsWriter):
             writer.shard_sink = shard_sink
@@ -292,6 +301,7 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: s
         "resumed_at": start if start else None,
         "engine": "local",
         "ray": None,  # the Ray engine's task figures; the same keys whichever engine packed
+        **fields_summary(manifest),
     }
 
 
@@ -458,9 +468,13 @@ def _write_all(scan: ScanResult, writer: ShardsWriter | LmdbWriter, start: int, 
         writer.close()
         raise UsageError(f"{scan.root}: none of the {plural(total, 'image file')} could be packed "
                          f"(first problem: {skipped[0]['path']}: {skipped[0]['reason']})")
+    table = table_of(scan)  # a table's rows skip images too: listed in scan order with the others
+    listed, files = table.with_skips(skipped, total) if table is not None else (skipped, total)
     manifest = build_manifest(
         backend=options_record["backend"], encoding=options.encoding,
-        source={"name": printable(scan.root.resolve().name), "files": total, "bytes": kept_bytes + written_bytes},
+        source={"name": printable(scan.root.resolve().name), "files": files, "bytes": kept_bytes + written_bytes},
         labelled=scan.labelled, classes=scan.classes, labels=writer.index.labels(),
-        payload_bytes=writer.index.payload_bytes, skipped=skipped, ignored=scan.ignored, options=options_record)
-    return writer.finish(manifest)
+        payload_bytes=writer.index.payload_bytes, skipped=listed, ignored=scan.ignored, options=options_record)
+    if table is None:
+        return writer.finish(manifest)
+    return writer.finish(manifest, partial(table.part, skipped, total, options_record["backend"]))

@@ -24,6 +24,7 @@ import math
 import os
 import time
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,7 @@ from packload.packer.ray_resume import run_record
 from packload.packer.ray_scan import list_source_top, scan_in_tasks
 from packload.packer.ray_tasks import pack_range, place_task
 from packload.packer.ray_url import UrlLmdbTarget, UrlTarget, url_target
+from packload.packer.table_source import TableOptions, fields_summary, ray_scan, table_of, table_or_none
 
 INSTALL_HINT = '--engine ray needs Ray, which is not installed; pip install "packload[ray]"'
 MIN_TASK_FILES = 5000  # files per task at least: each task has a fixed cost (scheduling, start-up)
@@ -88,7 +90,8 @@ def pack_ray(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backen
              options: EncodeOptions | None = None, shard_size: int = DEFAULT_SHARD_SIZE,
              overwrite: bool = False, resume: bool = False, strict: bool = False, progress: bool = True,
              address: str | None = None, task_files: int | None = None, max_retries: int = 3,
-             storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+             storage_options: dict[str, Any] | None = None,
+             labels: str | os.PathLike[str] | TableOptions | None = None) -> dict[str, Any]:
     """Pack the ImageFolder tree ``src`` into ``dst`` with Ray tasks; the same pack as ``pack``.
 
     Uses the Ray instance this process is connected to, else connects to ``address`` (``"auto"``:
@@ -100,6 +103,7 @@ def pack_ray(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backen
     (``s3://bucket/images/``, ``s3://bucket/train.shards``, ``s3://bucket/train.lmdb``; see ``packer.remote_source`` and
     ``packer.ray_url``), opened with ``storage_options``, which the tasks get in their arguments.
     Returns ``pack``'s summary plus the tasks' timings and the number of tasks each Ray node ran.
+    ``labels``: a table beside the images, as for ``pack`` (read by the driver, a file or a URL).
     """
     ray = _import_ray()
     started = time.perf_counter()
@@ -123,18 +127,22 @@ def pack_ray(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backen
     with lock:
         target.check(overwrite)
         top = list_source_top(src, storage_options)  # a missing or unreadable source fails before Ray starts
+        table = table_or_none(labels, storage_options)  # so does a table that cannot be read
         # tasks run in other folders, on other nodes: they get the folder's absolute path
         root = str(src).rstrip("/") if is_url(src) else str(top.root.resolve())
         started_ray = _start_ray(ray, address)
         try:
             ray_ready = time.perf_counter()
-            scan, where = scan_in_tasks(ray, src, top, root, max_retries, storage_options)
+            scan, where = ray_scan(lambda: scan_in_tasks(ray, src, top, root, max_retries, storage_options),
+                                   src, table, strict, storage_options)
             scan.check_layout(strict)
             if strict:
                 scan.refuse_not_regular()
             options_record = {"backend": target.backend, **asdict(options)}
             if options.size is not None:
                 options_record["size"] = list(options.size)
+            if table_of(scan) is not None:
+                options_record["labels"] = table_of(scan).options_record()
             record = run_record(options_record, shard_size, scan.samples)
             before = target.previous(record, task_files, resume, overwrite, root)
             run = _Run(ray, scan, root, target, max_retries, storage_options)
@@ -198,13 +206,17 @@ class _Run:
             sources = target.sources(results)
             part_bases = np.cumsum([0] + [len(s.parts) for s in sources])[:-1].tolist()
             index, labels = joined_index(sources, part_bases)
+            table = table_of(scan)  # a table's rows skip images too: listed in scan order with the others
+            listed, files = table.with_skips(skipped, len(scan.samples)) if table else (skipped, len(scan.samples))
             manifest = build_manifest(
                 backend=target.backend, encoding=options.encoding,
-                source={"name": printable(scan.root.resolve().name), "files": len(scan.samples),
+                source={"name": printable(scan.root.resolve().name), "files": files,
                         "bytes": sum(r["source_bytes"] for r in results)},
                 labelled=scan.labelled, classes=scan.classes, labels=labels,
-                payload_bytes=sum(r["payload_bytes"] for r in results), skipped=skipped, ignored=scan.ignored,
+                payload_bytes=sum(r["payload_bytes"] for r in results), skipped=listed, ignored=scan.ignored,
                 options=options_record)
+            if table is not None:  # made by the target when it finishes, after the index
+                target.fields = partial(table.part, skipped, len(scan.samples), target.backend)
             parts = ([part for k in range(len(ranges)) for part in tasks.placed[k]["parts"]]
                      if target.place_into is not None else [])
             target.finish(sources, parts, index, manifest, len(scan.samples))
@@ -251,6 +263,7 @@ class _Run:
                 "task_cpu_s": round(sum(r["cpu_seconds"] for r in ran)
                                     + sum(p["cpu_seconds"] for k, p in tasks.placed.items() if k not in kept_placed), 3),
             },
+            **fields_summary(manifest),
         }
 
 

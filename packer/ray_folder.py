@@ -16,7 +16,7 @@ from typing import Any
 
 import lmdb
 
-from packload.core.format import INDEX_NAME, MANIFEST_NAME, RAY_RUN_NAME, pack_size
+from packload.core.format import FIELDS_NAME, INDEX_NAME, MANIFEST_NAME, RAY_RUN_NAME, pack_size
 from packload.core.manifest import encode_manifest
 from packload.packer.combine import ShardPayloads, ShardSource, copy_records
 from packload.packer.destination import (
@@ -34,7 +34,7 @@ from packload.packer.ray_resume import kept_tasks, previous_run, write_run_recor
 from packload.packer.ray_task_folder import task_source
 from packload.packer.ray_tasks import task_name
 from packload.packer.write_lmdb import LmdbWriter
-from packload.packer.write_shards import fsync_dir, write_file_atomic
+from packload.packer.write_shards import FieldsPart, fsync_dir, write_file_atomic, write_part_atomic
 
 
 class LocalTarget:
@@ -44,6 +44,7 @@ class LocalTarget:
 
     after_failure = "nothing was published; fix the cause (every node must see the source and destination " \
                     "folders) and pack again"
+    fields: FieldsPart | None = None  # makes the fields part, of a pack made from a table
 
     def __init__(self, dst: Path, backend: str) -> None:
         self.dst, self.backend, self.destination = dst, backend, str(dst)
@@ -82,9 +83,9 @@ class LocalTarget:
     def finish(self, sources: list[ShardSource], parts: list[dict[str, Any]], index: bytes,
                manifest: dict[str, Any], files: int) -> None:
         if self.backend == "shards":
-            _finish_shards(sources, parts, self.tmp, index, manifest)
+            _finish_shards(sources, parts, self.tmp, index, manifest, self.fields)
         else:
-            join_lmdb(sources, self.tmp, files, manifest)
+            join_lmdb(sources, self.tmp, files, manifest, self.fields)
             shutil.rmtree(self.staging)
 
     def discard(self) -> None:
@@ -106,11 +107,13 @@ def staging_path(dst: Path) -> Path:
 
 
 def _finish_shards(sources: list[ShardSource], parts: list[dict[str, Any]], tmp: Path, index: bytes,
-                   manifest: dict[str, Any]) -> None:
+                   manifest: dict[str, Any], fields: FieldsPart | None = None) -> None:
     """With every shard in place: write the index, drop the task folders and the run record, and
     write the manifest last. (A driver killed before the manifest leaves a pack that resumes: a task
     folder already dropped is packed again, and its shards replace the same ones.)"""
     write_file_atomic(tmp / INDEX_NAME, index)
+    if fields is not None:
+        manifest["fields"] = write_part_atomic(tmp / FIELDS_NAME, fields)
     for source in sources:
         shutil.rmtree(source.folder)
     (tmp / RAY_RUN_NAME).unlink()
@@ -120,7 +123,8 @@ def _finish_shards(sources: list[ShardSource], parts: list[dict[str, Any]], tmp:
     fsync_dir(tmp)
 
 
-def join_lmdb(sources: Iterable[ShardSource], tmp: Path, files: int, manifest: dict[str, Any]) -> None:
+def join_lmdb(sources: Iterable[ShardSource], tmp: Path, files: int, manifest: dict[str, Any],
+              fields: FieldsPart | None = None) -> None:
     """Copy every task's records, in order, into the LMDB file ``tmp`` (chunks as ``pack`` makes),
     then its index and ``manifest`` (updated with them). ``sources`` is read one after the other:
     it may fetch each task's shards as it comes (``packer.ray_url``)."""
@@ -135,6 +139,6 @@ def join_lmdb(sources: Iterable[ShardSource], tmp: Path, files: int, manifest: d
                 copy_records(source.entries, source.paths, payloads, writer.write)
             finally:
                 payloads.close()
-        manifest.update(writer.finish(manifest))
+        manifest.update(writer.finish(manifest, fields))
     finally:
         writer.close()

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from packload.core.errors import UsageError
-from packload.core.format import INDEX_NAME, MANIFEST_NAME, RAY_RUN_NAME
+from packload.core.format import FIELDS_NAME, INDEX_NAME, MANIFEST_NAME, RAY_RUN_NAME
 from packload.core.manifest import encode_manifest
 from packload.core.remote import RemoteStore
 from packload.packer.combine import ShardSource
@@ -49,6 +49,7 @@ from packload.packer.ray_url_tasks import (
 )
 from packload.packer.upload import prepare_destination, upload_pack
 from packload.packer.url_destination import inspect
+from packload.packer.write_shards import FieldsPart
 
 
 def check_pack_url(url: str) -> str:
@@ -110,6 +111,7 @@ class UrlTarget:
     backend = "shards"
     after_failure = ("what finished stays on the store (no manifest: not a pack); fix the cause and pack again "
                      "with --resume to keep it, or --overwrite to start over")
+    fields: FieldsPart | None = None  # makes the fields part, of a pack made from a table
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
         self.destination = check_pack_url(url)
@@ -185,6 +187,10 @@ class UrlTarget:
         """With every shard in place: the index, then the staging prefix deleted (the run record
         last), then the manifest, last of all."""
         self.store.write_bytes(INDEX_NAME, index)
+        if self.fields is not None:
+            data = bytearray()
+            manifest["fields"] = self.fields(data.extend)
+            self.store.write_bytes(FIELDS_NAME, bytes(data))
         clear_staging(self.staging, self.staging.listing_all())
         manifest.update(parts=parts, index={"name": INDEX_NAME, "size": len(index),
                                             "sha256": hashlib.sha256(index).hexdigest()})
@@ -205,6 +211,7 @@ class UrlLmdbTarget:
     backend = "lmdb"
     after_failure = UrlTarget.after_failure
     place_into: str | None = None  # the tasks' shards are joined by the driver, not placed
+    fields: FieldsPart | None = None  # makes the fields part, of a pack made from a table
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
         self.destination = check_pack_url(url)
@@ -251,7 +258,7 @@ class UrlLmdbTarget:
         name = self.destination.rsplit("/", 1)[-1]
         with tempfile.TemporaryDirectory(prefix="packload-staging-") as tmp:
             local = Path(tmp) / name
-            join_lmdb(self._fetched(sources, Path(tmp)), local, files, manifest)
+            join_lmdb(self._fetched(sources, Path(tmp)), local, files, manifest, self.fields)
             upload_pack(local, self.destination, self.overwrite, self.storage_options)
         clear_staging(self.staging, self.staging.listing_all())
 

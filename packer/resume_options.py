@@ -9,7 +9,7 @@ from packload.packer.encode import EncodeOptions
 
 # The flag of ``pack`` that sets each field of an options record.
 OPTION_FLAGS = {"backend": "--format", "encoding": "--encoding", "quality": "--quality", "max_side": "--max-side",
-                "size": "--size", "check": "--check", "max_pixels": "--max-pixels"}
+                "size": "--size", "check": "--check", "max_pixels": "--max-pixels", "labels": "--labels"}
 
 
 def options_changed(before: dict[str, Any], now: dict[str, Any]) -> str:

@@ -43,6 +43,7 @@ from typing import Any
 
 from packload.core.errors import PackFormatError, UsageError
 from packload.core.format import (
+    FIELDS_NAME,
     INDEX_MAGIC,
     INDEX_NAME,
     LMDB_MANIFEST_KEY,
@@ -297,6 +298,9 @@ class UrlDestination:
             self.upload_shard(path)
         self.shard_store.upload(local / INDEX_NAME, INDEX_NAME)
         self.uploaded.append(INDEX_NAME)
+        if (local / FIELDS_NAME).exists():  # a pack made from a table
+            self.shard_store.upload(local / FIELDS_NAME, FIELDS_NAME)
+            self.uploaded.append(FIELDS_NAME)
         new = set(self.uploaded) | {MANIFEST_NAME}
         now = self._still_ours(frozenset(new) if self.shard_store is self.store else frozenset())
         self.replacing = True

@@ -23,6 +23,7 @@ import lmdb
 from packload.core.errors import PackFormatError, WriteError
 from packload.core.format import (
     LMDB_CHUNK_PREFIX,
+    LMDB_FIELDS_KEY,
     LMDB_INDEX_KEY,
     LMDB_MANIFEST_KEY,
     PROGRESS_KEY,
@@ -35,6 +36,7 @@ from packload.core.manifest import encode_manifest
 from packload.packer.append_file import start_writeback
 from packload.packer.encode import Encoded
 from packload.packer.index_builder import IndexBuilder
+from packload.packer.write_shards import FieldsPart
 
 CHUNK_SIZE = 1 << 20
 # Chunks per write transaction, by size. LMDB allocates a transaction's new pages with malloc and
@@ -203,17 +205,26 @@ class LmdbWriter:
             extra[lmdb_chunk_key(self.chunks)] = self._chunk_bytes()
         self._commits().commit(extra)
 
-    def finish(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        """Store the last chunk, the index and then the manifest; return the manifest."""
+    def finish(self, manifest: dict[str, Any], fields: FieldsPart | None = None) -> dict[str, Any]:
+        """Store the last chunk, the index (then, for a pack made from a table, the fields part
+        ``fields`` writes, with its manifest entry) and then the manifest; return the manifest."""
         if self._pieces:
             self._seal_chunk()
-        index = self.index.to_bytes()
+        index = self.index.take_bytes()
         manifest = dict(manifest, parts={"chunks": self.chunks, "chunk_size": self.chunk_size},
                         index={"name": LMDB_INDEX_KEY.decode(), "size": len(index),
                                "sha256": hashlib.sha256(index).hexdigest()})
+        final: dict[bytes, Any] = {LMDB_INDEX_KEY: index, PROGRESS_KEY: None}
+        del index
+        if fields is not None:  # the index is stored first (the pack stays unfinished) and its memory let go,
+            self._commits().commit(final)  # then the fields part is made
+            final.clear()
+            data = bytearray()
+            manifest["fields"] = fields(data.extend)
+            final = {LMDB_FIELDS_KEY: data, PROGRESS_KEY: None}
+            del data
         # One transaction: the pack is either unfinished (progress, no manifest) or complete.
-        self._commits().commit({LMDB_INDEX_KEY: index, PROGRESS_KEY: None,
-                                LMDB_MANIFEST_KEY: encode_manifest(manifest)})
+        self._commits().commit({**final, LMDB_MANIFEST_KEY: encode_manifest(manifest)})
         self.env.sync(True)
         self.close()
         return manifest

@@ -17,6 +17,7 @@ from typing import Any
 
 from packload.core.errors import PackFormatError
 from packload.core.format import (
+    FIELDS_NAME,
     FORMAT_VERSION,
     INDEX_NAME,
     MANIFEST_NAME,
@@ -35,6 +36,10 @@ from packload.packer.append_file import HashingAppender
 from packload.packer.encode import Encoded
 from packload.packer.index_builder import IndexBuilder
 
+# A pack's fields part, made when its writer finishes: given where to write its pieces, in order, it
+# writes them there and returns the part's entry in the manifest.
+FieldsPart = Callable[[Callable[[Any], Any]], dict[str, Any]]
+
 
 def write_file_atomic(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file, fsync and rename: never half a file."""
@@ -44,6 +49,17 @@ def write_file_atomic(path: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def write_part_atomic(path: Path, part: FieldsPart) -> dict[str, Any]:
+    """``write_file_atomic`` for a part written piece by piece (``part``); returns what ``part`` does."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        entry = part(f.write)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return entry
 
 
 def fsync_dir(path: Path) -> None:
@@ -129,17 +145,22 @@ class ShardsWriter:
             self._file.flush()
         write_file_atomic(self.folder / PROGRESS_NAME, json.dumps(progress).encode("utf-8"))
 
-    def finish(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        """Close the last shard, write the index, then the manifest; return the manifest."""
+    def finish(self, manifest: dict[str, Any], fields: FieldsPart | None = None) -> dict[str, Any]:
+        """Close the last shard, write the index (then, for a pack made from a table, the fields part
+        ``fields`` writes, with its manifest entry: made once the index's memory is let go), then the
+        manifest; return the manifest."""
         if self._file is not None:
             self._close_part()
         for part in self.parts if self.shard_sink is None else []:  # durable before the manifest
             with open(self.folder / part["name"], "rb") as f:
                 os.fsync(f.fileno())
-        index = self.index.to_bytes()
+        index = self.index.take_bytes()
         write_file_atomic(self.folder / INDEX_NAME, index)
         manifest = dict(manifest, parts=self.parts,
                         index={"name": INDEX_NAME, "size": len(index), "sha256": hashlib.sha256(index).hexdigest()})
+        del index
+        if fields is not None:
+            manifest["fields"] = write_part_atomic(self.folder / FIELDS_NAME, fields)
         write_file_atomic(self.folder / MANIFEST_NAME, encode_manifest(manifest))
         (self.folder / PROGRESS_NAME).unlink(missing_ok=True)  # kept until now: a crash before can resume
         fsync_dir(self.folder)

@@ -127,6 +127,13 @@ def add_pack_arguments(p: argparse.ArgumentParser) -> None:
                    help="Ray cluster to use with --engine ray ('auto': the running one; default: start a local one)")
     p.add_argument("--task-files", type=int, metavar="N",
                    help="files per Ray task with --engine ray (default: about two tasks per CPU of the cluster)")
+    p.add_argument("--labels", metavar="TABLE", help="a table of one row per image (.csv, .tsv, .jsonl, .parquet): its "
+                   "path column, its label column (the class) and other columns, packed as fields (docs/FIELDS.md)")
+    p.add_argument("--path-column", metavar="NAME", help="the table's column of image paths, relative to SRC "
+                   "(default: path)")
+    p.add_argument("--label-column", metavar="NAME", help="the table's class column (default: label, if it has one)")
+    p.add_argument("--field", action="append", metavar="NAME:TYPE", help="give a column's type instead of inferring "
+                   "it: int, float, bool, string, list[int] or list[float] (repeat for more columns)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     p.add_argument("--json", action="store_true", help="print a machine-readable summary")
 
@@ -140,7 +147,25 @@ def _pack_with_ray(args: argparse.Namespace, options: Any) -> dict[str, Any]:
     return pack_ray(args.src, args.dst, backend=args.format, options=options, shard_size=args.shard_size,
                     overwrite=args.overwrite, resume=args.resume, strict=args.strict,
                     progress=not (args.quiet or args.json),
-                    address=args.ray_address, task_files=args.task_files)
+                    address=args.ray_address, task_files=args.task_files, labels=_table_options(args))
+
+
+def _table_options(args: argparse.Namespace) -> Any:
+    """``--labels`` and the options that go with it, as ``TableOptions`` (None without a table)."""
+    from packload.packer.table_source import TableOptions, parse_field_spec
+
+    if args.labels is None:
+        given = [flag for flag, value in (("--path-column", args.path_column), ("--label-column", args.label_column),
+                                          ("--field", args.field)) if value]
+        if given:
+            raise UsageError(f"{given[0]} describes a table of labels; give it with --labels labels.csv")
+        return None
+    try:
+        types = dict(parse_field_spec(spec) for spec in args.field or [])
+        return TableOptions(args.labels, path_column=args.path_column or "path", label_column=args.label_column,
+                            types=types)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def pack_summary(result: dict[str, Any]) -> str:
@@ -182,8 +207,12 @@ def run_pack(args: argparse.Namespace) -> int:
                              "objects); add --engine ray, or copy the images to a local folder first")
         result = pack(args.src, args.dst, backend=args.format, options=options, workers=args.workers,
                       shard_size=args.shard_size, overwrite=args.overwrite, resume=args.resume,
-                      strict=args.strict, progress=not (args.quiet or args.json))
+                      strict=args.strict, progress=not (args.quiet or args.json), labels=_table_options(args))
     lines = [pack_summary(result)]
+    if result.get("fields") is not None:
+        shown = ", ".join(f"{name} ({kind})" for name, kind in result["fields"].items()) or "none"
+        lines.append(f"fields: {shown}; {plural(result['rows_left_out'], 'table row')} left out"
+                     + (f" (`packload info {result['destination']}` lists them)" if result["rows_left_out"] else ""))
     if result["skipped"] or result["ignored"]:
         lines.append(f"skipped {plural(result['skipped'], 'broken file')}, left out {plural(result['ignored'], 'other file')}; "
                      f"`packload info {result['destination']}` lists them")
@@ -220,8 +249,25 @@ def run_info(args: argparse.Namespace) -> int:
         lines += [f"  {word} {item['path']}: {item['reason']}" for item in listed[:20]]
         if count > 20:
             lines.append(f"    ... and {count - 20} more {word} (`packload info --json` lists {min(count, len(listed))})")
+    lines += _fields_lines(result.get("fields"))
     _emit(args, result, lines)
     return EXIT_OK
+
+
+def _fields_lines(fields: dict[str, Any] | None) -> list[str]:
+    """``info``'s lines on a pack's fields: their types, the table, and the rows it left out."""
+    if fields is None:
+        return []
+    label = f", class column {fields['label_column']} ({fields['label_type']})" if fields["label_column"] else ""
+    table = fields["table"]
+    lines = [f"  fields    {', '.join(f'{n} {t}' for n, t in fields['columns'].items()) or 'none'}",
+             f"  table     {table.get('name')}: {plural(table.get('rows', 0), 'row')}, path column "
+             f"{fields['path_column']}{label}; {plural(fields['rows_left_out_count'], 'row')} left out"]
+    lines += [f"  row {row.get('row')} ({row.get('path')}): {row.get('reason')}" for row in fields["rows_left_out"][:20]]
+    if fields["rows_left_out_count"] > 20:
+        lines.append(f"    ... and {fields['rows_left_out_count'] - 20} more rows left out (`packload info --json` lists "
+                     f"{len(fields['rows_left_out'])})")
+    return lines
 
 
 def _add_verify(sub: Any) -> None:
@@ -262,7 +308,8 @@ def run_unpack(args: argparse.Namespace) -> int:
     from packload.loaders.unpack import unpack
 
     result = unpack(args.pack, args.out, overwrite=args.overwrite, progress=not (args.quiet or args.json))
-    lines = [f"unpacked {plural(result['files'], 'file')} ({result['bytes'] / 1e6:.1f} MB) into {result['out']}"]
+    lines = [f"unpacked {plural(result['files'], 'file')} ({result['bytes'] / 1e6:.1f} MB) into {result['out']}"
+             + (f", and the table as {result['table']}" if result.get("table") else "")]
     if result["renamed"]:
         first = result["renamed"][0]
         lines.append(f"{plural(len(result['renamed']), 'file')} kept their whole name plus the new suffix, as their new "

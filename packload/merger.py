@@ -92,6 +92,9 @@ def _open_checked(path: Path) -> Any:
         problems = manifest_problems(reader)
         if problems:
             raise damaged(reader, problems[0]["file"], problems[0]["problem"])
+        if "fields" in reader.manifest:  # merged, its fields would be lost: refused rather than dropped
+            raise UsageError(f"{path}: a pack made from a table (it has fields); merge does not join fields yet: "
+                             "pack the images together from one table instead")
     except BaseException:
         reader.close()
         raise

@@ -299,11 +299,16 @@ def index_entry(meta: RecordMeta, part: int, record_offset: int, payload_len: in
     )
 
 
+def encode_index_header(count: int, paths_len: int) -> bytes:
+    """The 32 bytes that start an index of ``count`` entries and ``paths_len`` bytes of paths."""
+    header = np.zeros(1, INDEX_HEADER)
+    header[0] = (INDEX_MAGIC, FORMAT_VERSION, count, INDEX_ENTRY.itemsize, 0, paths_len)
+    return header.tobytes()
+
+
 def encode_index(entries: np.ndarray, paths: bytes) -> bytes:
     """Serialise the index: ``INDEX_HEADER``, the entries, then the paths blob."""
-    header = np.zeros(1, INDEX_HEADER)
-    header[0] = (INDEX_MAGIC, FORMAT_VERSION, len(entries), INDEX_ENTRY.itemsize, 0, len(paths))
-    return header.tobytes() + entries.astype(INDEX_ENTRY, copy=False).tobytes() + paths
+    return encode_index_header(len(entries), len(paths)) + entries.astype(INDEX_ENTRY, copy=False).tobytes() + paths
 
 
 def decode_index(buf: bytes | memoryview, where: str, records: int | None = None,
@@ -459,3 +464,46 @@ def entry_path(entries: np.ndarray, paths: bytes, i: int) -> str:
         return paths[start : start + int(entries["path_len"][i])].decode("utf-8")
     except UnicodeDecodeError:
         raise PackFormatError(f"record {i}: stored path is not valid UTF-8; the pack is damaged") from None
+
+
+# -- fields: typed columns from a table packed beside the images (``pack --labels``) ----------------
+# A pack made from a table holds one more part: every column of the table but the path and the label
+# as a column of values per record, in record order. ``shards``: the file ``fields.bin``; ``lmdb``:
+# the value of ``#fields``. The same bytes in both. A pack without fields has no such part.
+FIELDS_NAME = "fields.bin"
+LMDB_FIELDS_KEY = b"#fields"
+FIELDS_MAGIC = b"PLFD"
+FIELDS_VERSION = 1  # of the fields part; the records and the index keep FORMAT_VERSION
+FIELDS_HEADER = np.dtype(
+    [
+        ("magic", "S4"),  # b"PLFD"
+        ("version", "<u4"),  # FIELDS_VERSION
+        ("records", "<u8"),  # values per column: the pack's record count
+        ("columns", "<u4"),  # entries in the column table that follows the header
+        ("column_size", "<u4"),  # FIELD_COLUMN.itemsize
+        ("names_len", "<u8"),  # bytes of UTF-8 column names after the column table
+    ]
+)
+assert FIELDS_HEADER.itemsize == 32
+FIELD_COLUMN = np.dtype(
+    [
+        ("name_offset", "<u8"),  # into the names blob
+        ("name_len", "<u4"),
+        ("type", "u1"),  # FIELD_TYPES code
+        ("reserved", "S3"),  # zero
+        ("values_offset", "<u8"),  # from the start of the part
+        ("values_len", "<u8"),  # bytes
+        ("offsets_offset", "<u8"),  # strings and lists: records + 1 u64 offsets; 0 for other types
+        ("offsets_len", "<u8"),  # bytes; 0 for other types
+    ]
+)
+assert FIELD_COLUMN.itemsize == 48
+# Type codes, and the little-endian dtype of each type's values. Strings are UTF-8 bytes; a list
+# column's values are every record's elements back to back. Offsets count values (bytes for a
+# string), so record ``i``'s value is ``values[offsets[i]:offsets[i + 1]]``.
+FIELD_TYPES = ("int", "float", "bool", "string", "list[int]", "list[float]")
+FIELD_TYPE_CODE = {name: code for code, name in enumerate(FIELD_TYPES)}
+FIELD_VALUES = {"int": "<i8", "float": "<f8", "bool": "u1", "string": "u1", "list[int]": "<i8", "list[float]": "<f8"}
+FIELD_OFFSETS = "<u8"
+VARIABLE_FIELD_TYPES = ("string", "list[int]", "list[float]")  # the types with offsets
+FIELD_ALIGN = 8  # every array starts at a multiple of this from the start of the part (zero bytes between)

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from packload.core.errors import PackFormatError
+from packload.core.fields import manifest_fields_ok
 from packload.core.format import BACKENDS, ENCODINGS, FORMAT_NAME, FORMAT_VERSION, INDEX_NAME, LMDB_INDEX_KEY
 from packload.core.version import __version__
 
@@ -92,6 +93,7 @@ _OPTIONAL_FIELDS: dict[str, tuple[str, Any]] = {
     "skipped_count": ("a count", _is_int),
     "ignored_count": ("a count", _is_int),
     "ignored_by_reason": ("an object of counts", lambda v: isinstance(v, dict) and all(map(_is_int, v.values()))),
+    "fields": ("an object with name, size, sha256 and columns (docs/FORMAT.md)", manifest_fields_ok),
 }
 
 

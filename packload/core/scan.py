@@ -17,29 +17,21 @@ from __future__ import annotations
 import os
 import stat
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache, partial
-from itertools import repeat
+from functools import lru_cache
 from operator import attrgetter
 from pathlib import Path
 from typing import NamedTuple
 
 from packload.core.errors import SkippedFileError, UsageError
 from packload.core.safe_files import kind_of
+from packload.core.samples import Sample, SampleList
 
 # The same list as torchvision.datasets.folder.IMG_EXTENSIONS.
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
-class Sample(NamedTuple):
-    """One image to pack: its path relative to the source folder and its class index (-1: none).
-    A named tuple: a scan makes one per file, so it must be cheap to create."""
-
-    path: str
-    label: int
-
-
-_new_sample = partial(tuple.__new__, Sample)  # Sample from a (path, label) pair, without Python calls
 SPLIT_NAMES = frozenset({"train", "training", "val", "valid", "validation", "test", "testing", "eval",
                          "evaluation", "dev", "holdout"})  # folder names of dataset splits
 NOT_REGULAR = "not a regular file"  # in the reason of every entry left out for being no regular file
@@ -51,7 +43,7 @@ class ScanResult:
 
     root: Path
     classes: list[str]
-    samples: list[Sample]
+    samples: Sequence[Sample]  # a SampleList: arrays, not an object per file
     ignored: list[dict[str, str]] = field(default_factory=list)
 
     @property
@@ -355,25 +347,34 @@ def list_top(src: str | os.PathLike[str]) -> TopListing:
     special = _special_reason(root.stat().st_dev)
     if special is not None:
         raise UsageError(f"{root}: {special.partition(':')[0]}; give the folder that holds your images")
+    # Names only: a flat folder of a million images must not hold a DirEntry per file while it is listed.
+    classes: list[str] = []
+    loose: list[str] = []  # the files at the top (outside the class folders, if there are classes)
+    unusable: list[tuple[str, dict[str, str]]] = []
     try:
         with os.scandir(root) as listing:
-            entries = sorted(listing, key=_by_name)
+            for e in listing:
+                if e.name.startswith("."):
+                    unusable.append((e.name, {"path": e.name, "reason": "hidden folder" if _is_dir(e) else "hidden file"}))
+                elif not is_utf8(e.name):
+                    unusable.append((e.name, {"path": printable(e.name), "reason": "name is not valid UTF-8; rename it"}))
+                elif _is_dir(e):
+                    classes.append(e.name)
+                else:
+                    loose.append(e.name)
     except PermissionError:
         raise UsageError(f"{root}: cannot read the source folder; check its permissions") from None
-    ignored: list[dict[str, str]] = []
-    classes = [e.name for e in entries if not e.name.startswith(".") and _is_dir(e) and is_utf8(e.name)]
-    for e in entries:
-        if e.name.startswith("."):
-            ignored.append({"path": e.name, "reason": "hidden folder" if _is_dir(e) else "hidden file"})
-        elif not is_utf8(e.name):
-            ignored.append({"path": printable(e.name), "reason": "name is not valid UTF-8; rename it"})
+    classes.sort()
+    ignored = [item for _, item in sorted(unusable, key=lambda pair: pair[0])]
     outside: list[dict[str, str]] = []
-    if classes:
-        for e in entries:
-            if not e.name.startswith(".") and not _is_dir(e) and is_utf8(e.name):
-                reason = not_regular_reason(e)
-                outside.append({"path": e.name, "reason": f"{reason}, outside the class folders" if reason
-                                else "file outside the class folders"})
+    if classes and loose:  # a second look at those few files, for what each is
+        wanted = set(loose)
+        with os.scandir(root) as listing:
+            found = {e.name: e for e in listing if e.name in wanted}
+        for name in sorted(loose):
+            reason = not_regular_reason(found[name]) if name in found else None
+            outside.append({"path": name, "reason": f"{reason}, outside the class folders" if reason
+                            else "file outside the class folders"})
     return TopListing(root, classes, ignored, outside)
 
 
@@ -391,10 +392,9 @@ def merge_listings(top: TopListing, listings: list[ClassListing],
     an unlabelled source, one of the whole source); ``hint`` ends the error when nothing is found."""
     labels = range(len(top.classes)) if top.classes else [-1]
     ignored = list(top.ignored)
-    samples: list[Sample] = []
-    for label, listing in zip(labels, listings, strict=True):
-        samples.extend(map(_new_sample, zip(listing.files, repeat(label))))
+    for listing in listings:
         ignored.extend(listing.ignored)
+    samples = SampleList.from_runs((listing.files, label) for label, listing in zip(labels, listings, strict=True))
     ignored.extend(top.outside)
     if not samples:
         raise UsageError(f"{top.root}: no images found (extensions: {' '.join(IMG_EXTENSIONS)}); {hint}")

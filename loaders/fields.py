@@ -1,0 +1,347 @@
+"""The fields of a pack made from a table, read: whole columns, one record's values, and batches.
+
+``PackFields`` decodes the pack's fields part (``core.fields``) once per process, as views of the
+pack's own bytes (a shards pack's ``fields.bin`` mapped, an LMDB pack's ``#fields`` value), so
+reading one field of every record touches that column's pages only. Numbers and booleans come as
+NumPy arrays; a string column as a ``StringColumn`` (a sequence of ``str`` over the UTF-8 bytes and
+their offsets, no Python object per record until one is asked for); a list column as a
+``ListColumn`` (a sequence of NumPy arrays).
+
+``Target`` is what ``PackedImageFolder(target=...)`` returns beside each image: a field's name,
+a tuple of names, or a callable given a mapping of the record's fields (``label``, the class index,
+among them); it also batches them: numbers as tensors, strings as lists.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, overload
+
+import numpy as np
+import torch
+from torch.utils.data import default_collate
+
+from packload.core.errors import ChecksumError, PackFormatError
+from packload.core.fields import Column, check_columns_match, decode_fields
+from packload.loaders.read import PackReader
+
+LABEL = "label"  # the name the class index goes by among a record's fields
+
+
+class StringColumn(Sequence[str]):
+    """A string field of every record: ``column[i]`` is record ``i``'s text. ``data`` holds the
+    UTF-8 bytes (uint8), ``offsets`` where each record's text starts and ends in them (uint64,
+    ``len + 1`` entries)."""
+
+    def __init__(self, column: Column) -> None:
+        self._column = column
+        self.name = column.name
+        self.data: np.ndarray = column.values
+        self.offsets: np.ndarray = column.offsets  # type: ignore[assignment]
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+
+    def __getitem__(self, i: int | slice) -> str | list[str]:
+        if isinstance(i, slice):
+            return [self._column.value(k) for k in range(*i.indices(len(self)))]
+        return self._column.value(_index(i, len(self)))
+
+    def __iter__(self) -> Iterator[str]:
+        return (self._column.value(k) for k in range(len(self)))
+
+    def tolist(self) -> list[str]:
+        """Every record's text."""
+        return list(self)
+
+    def __repr__(self) -> str:
+        return f"StringColumn({self.name!r}, {len(self)} records)"
+
+
+class ListColumn(Sequence[np.ndarray]):
+    """A list field of every record: ``column[i]`` is record ``i``'s list as a NumPy array (int64 or
+    float64). ``values`` holds every record's elements back to back, ``offsets`` where each
+    record's start and end (uint64, ``len + 1`` entries)."""
+
+    def __init__(self, column: Column) -> None:
+        self.name, self.type = column.name, column.type
+        self.values: np.ndarray = column.values
+        self.offsets: np.ndarray = column.offsets  # type: ignore[assignment]
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def _at(self, k: int) -> np.ndarray:
+        return self.values[int(self.offsets[k]) : int(self.offsets[k + 1])]
+
+    @overload
+    def __getitem__(self, i: int) -> np.ndarray: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[np.ndarray]: ...
+
+    def __getitem__(self, i: int | slice) -> np.ndarray | list[np.ndarray]:
+        if isinstance(i, slice):
+            return [self._at(k) for k in range(*i.indices(len(self)))]
+        return self._at(_index(i, len(self)))
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return (self._at(k) for k in range(len(self)))
+
+    def tolist(self) -> list[list[Any]]:
+        """Every record's list, as Python lists."""
+        return [self._at(k).tolist() for k in range(len(self))]
+
+    def __repr__(self) -> str:
+        return f"ListColumn({self.name!r}, {self.type}, {len(self)} records)"
+
+
+def _index(i: int, n: int) -> int:
+    if not -n <= i < n:
+        raise IndexError(f"record {i} out of range: the pack has {n} records")
+    return i % n
+
+
+FieldColumn = np.ndarray | StringColumn | ListColumn
+
+
+def field_types(manifest: dict[str, Any]) -> dict[str, str]:
+    """``{name: type}`` of a pack's fields, as its manifest lists them (empty without a table)."""
+    fields = manifest.get("fields")
+    return {c["name"]: c["type"] for c in fields["columns"]} if isinstance(fields, dict) else {}
+
+
+class PackFields:
+    """The fields of one open pack (``reader``), decoded from its fields part. ``check``: compare the
+    part with the manifest's sha256 first (what ``verify=True`` readers do)."""
+
+    def __init__(self, reader: PackReader, check: bool = False) -> None:
+        self.reader = reader
+        listed = reader.manifest.get("fields")
+        self.columns: dict[str, Column] = {}
+        if not isinstance(listed, dict):
+            return
+        where = f"{reader.path}: fields ({listed['name']})"
+        data = reader.fields_bytes()
+        if check and hashlib.sha256(data).hexdigest() != listed["sha256"]:
+            raise ChecksumError(f"{where}: does not match the sha256 in the manifest; the pack is damaged: re-copy "
+                                "it, or run `packload verify` on it")
+        columns = decode_fields(data, where, reader.records)
+        check_columns_match(columns, listed["columns"], where)
+        self.columns = {column.name: column for column in columns}
+
+    @property
+    def types(self) -> dict[str, str]:
+        return {name: column.type for name, column in self.columns.items()}
+
+    def column(self, name: str) -> FieldColumn:
+        """The field ``name`` of every record: a NumPy array for numbers and booleans, a
+        ``StringColumn`` or ``ListColumn`` otherwise. ``label`` gives the class indices."""
+        if name == LABEL:
+            return self.reader.labels()
+        column = self._get(name)
+        if column.type == "bool":
+            return column.values.view(np.bool_)
+        if column.type == "string":
+            return StringColumn(column)
+        if column.offsets is not None:
+            return ListColumn(column)
+        return column.values
+
+    def _get(self, name: str) -> Column:
+        column = self.columns.get(name)
+        if column is None:
+            raise KeyError(_no_field(name, self.types))
+        return column
+
+    def value(self, name: str, i: int) -> Any:
+        """Record ``i``'s value of field ``name`` (``label``: its class index)."""
+        if name == LABEL:
+            return int(self.reader.entries["label"][i])
+        column = self._get(name)
+        if column.offsets is not None and column.type != "string":
+            return np.array(column.values[int(column.offsets[i]) : int(column.offsets[i + 1])])
+        return column.value(i)
+
+    def batch(self, name: str, indices: np.ndarray) -> torch.Tensor | list[Any]:
+        """Field ``name`` of the records ``indices``, batched: numbers and booleans as a tensor, lists of
+        one length as a 2-D tensor (else a list of 1-D tensors), strings as a list of ``str``."""
+        indices = np.asarray(indices, dtype=np.int64)
+        if name == LABEL:
+            return torch.from_numpy(self.reader.entries["label"][indices].astype(np.int64))
+        column = self._get(name)
+        if column.offsets is None:
+            values = column.values[indices]
+            return torch.from_numpy(values.astype(np.bool_) if column.type == "bool" else values)
+        if column.type == "string":
+            return [column.value(i) for i in indices.tolist()]
+        starts, stops = column.offsets[indices].astype(np.int64), column.offsets[indices + 1].astype(np.int64)
+        lengths = stops - starts
+        if len(lengths) and (lengths == lengths[0]).all():
+            width = int(lengths[0])
+            take = starts[:, None] + np.arange(width)[None, :]
+            return torch.from_numpy(column.values[take].reshape(len(indices), width))
+        return [torch.from_numpy(np.array(column.values[a:b])) for a, b in zip(starts.tolist(), stops.tolist(),
+                                                                             strict=True)]
+
+
+def _no_field(name: str, types: Mapping[str, str]) -> str:
+    if not types:
+        return (f"no field {name!r}: this pack has no fields (pack a table beside the images with "
+                "`pack SRC DEST --labels labels.csv` to have some); its only target is the class, 'label'")
+    return f"no field {name!r}: the pack's fields are {', '.join(types)} (and 'label', the class index)"
+
+
+class RecordFields(Mapping[str, Any]):
+    """One record's fields, read as they are asked for: what a callable ``target`` is given."""
+
+    def __init__(self, fields: PackFields, index: int) -> None:
+        self._fields, self._index = fields, index
+
+    def __getitem__(self, name: str) -> Any:
+        if name != LABEL and name not in self._fields.columns:
+            raise KeyError(_no_field(name, self._fields.types))
+        return self._fields.value(name, self._index)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([LABEL, *self._fields.columns])
+
+    def __len__(self) -> int:
+        return 1 + len(self._fields.columns)
+
+
+TargetSpec = str | Sequence[str] | Callable[[Mapping[str, Any]], Any]
+
+
+class Target:
+    """What a dataset returns beside each image: a field's name, a tuple of names, or a callable
+    given ``RecordFields``. Checked against the pack's fields (``types``) when it is made."""
+
+    def __init__(self, spec: TargetSpec, types: Mapping[str, str]) -> None:
+        self.spec = spec
+        if callable(spec):
+            self.names: tuple[str, ...] = ()
+            return
+        names = (spec,) if isinstance(spec, str) else tuple(spec)
+        if not names or not all(isinstance(name, str) for name in names):
+            raise ValueError(f"target={spec!r}: give a field's name, a tuple of names, or a callable")
+        for name in names:
+            if name != LABEL and name not in types:
+                raise ValueError(f"target={spec!r}: {_no_field(name, types)}")
+        self.names = names
+
+    def one(self, fields: PackFields, index: int) -> Any:
+        """Record ``index``'s target."""
+        if callable(self.spec):
+            return self.spec(RecordFields(fields, index))
+        values = tuple(fields.value(name, index) for name in self.names)
+        return values[0] if isinstance(self.spec, str) else values
+
+    def batch(self, fields: PackFields, indices: np.ndarray) -> Any:
+        """The targets of the records ``indices``, batched (``PackFields.batch`` for each name; a
+        callable's results through torch's ``default_collate``)."""
+        if callable(self.spec):
+            return default_collate([self.one(fields, i) for i in np.asarray(indices).tolist()])
+        batches = tuple(fields.batch(name, indices) for name in self.names)
+        return batches[0] if isinstance(self.spec, str) else batches
+
+    @staticmethod
+    def missing(name: str, types: Mapping[str, str]) -> str:
+        """The message for a field ``name`` the pack does not have."""
+        return _no_field(name, types)
+
+    def collate(self, values: list[Any]) -> Any:
+        """Targets already read one by one (and transformed), batched as ``batch`` would."""
+        if isinstance(self.spec, str):
+            return _collate_one(values)
+        if callable(self.spec):
+            return default_collate(values)
+        return tuple(_collate_one(list(column)) for column in zip(*values, strict=True))
+
+
+def _collate_one(values: list[Any]) -> Any:
+    if values and all(isinstance(v, str) for v in values):
+        return values
+    if values and all(isinstance(v, np.ndarray) for v in values):
+        if all(v.shape == values[0].shape for v in values):
+            return torch.from_numpy(np.stack(values))
+        return [torch.from_numpy(v) for v in values]
+    return default_collate(values)
+
+
+def verify_fields(reader: PackReader) -> list[dict[str, str]]:
+    """What is wrong with a pack's fields part (``verify``): its size and sha256 against the
+    manifest, then its layout. Empty for a pack without fields, or with intact ones."""
+    listed = reader.manifest.get("fields")
+    if not isinstance(listed, dict):
+        return []
+    name = listed["name"]
+    try:
+        data = reader.fields_bytes()
+    except PackFormatError as exc:
+        return [{"file": name, "problem": str(exc)}]
+    if hashlib.sha256(data).hexdigest() != listed["sha256"]:
+        return [{"file": name, "problem": "sha256 differs from the manifest"}]
+    try:
+        check_columns_match(decode_fields(data, name, reader.records), listed["columns"], name)
+    except PackFormatError as exc:
+        return [{"file": name, "problem": str(exc)}]
+    return []
+
+
+def fields_info(manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """What ``info`` says of a pack's fields: their types, the table they came from, its class
+    column, and the rows left out (the first ones listed); None for a pack without a table."""
+    fields = manifest.get("fields")
+    if not isinstance(fields, dict):
+        return None
+    return {"columns": field_types(manifest), "table": fields.get("table", {}),
+            "path_column": fields.get("path_column"), "label_column": fields.get("label_column"),
+            "label_type": fields.get("label_type"), "rows_left_out": fields.get("rows_left_out", []),
+            "rows_left_out_count": fields.get("rows_left_out_count", len(fields.get("rows_left_out", [])))}
+
+
+def table_text(reader: PackReader, paths: Sequence[str]) -> str:
+    """The pack's table as CSV text (``unpack`` writes it beside the images): the path column (each
+    record's path as written, ``paths``), the class column (names, or integers as packed) and every
+    field, one row per record in record order. Numbers as Python writes them back exactly, booleans
+    as ``true``/``false``, lists as JSON."""
+    listed = reader.manifest["fields"]
+    fields = PackFields(reader, check=True)
+    label, label_type = listed.get("label_column"), listed.get("label_type")
+    names = [name for name in fields.columns]
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow([listed.get("path_column") or "path", *([label] if label else []), *names])
+    classes = reader.classes
+    labels = reader.entries["label"].tolist()
+    columns = [fields.columns[name] for name in names]
+    for i, path in enumerate(paths):
+        row: list[Any] = [path]
+        if label:
+            row.append(labels[i] if label_type == "int" else classes[labels[i]])
+        for column in columns:
+            row.append(_cell(column, i))
+        writer.writerow(row)
+    return out.getvalue()
+
+
+def _cell(column: Column, i: int) -> str:
+    value = column.value(i)
+    if column.type == "bool":
+        return "true" if value else "false"
+    if column.type == "float":
+        return repr(value)
+    if column.offsets is not None and column.type != "string":
+        return json.dumps(value, separators=(",", ":"))
+    return value if isinstance(value, str) else str(value)
