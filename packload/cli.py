@@ -400,11 +400,10 @@ def run_tune(args: argparse.Namespace) -> int:
     from packload.diagnose.tune_inputs import tune_path
     from packload.diagnose.tune_plot import require_matplotlib
 
+    check_output_file("--save", args.save)
+    check_output_file("--plot", args.plot)  # the file first: a wrong path is said with or without matplotlib
     if args.plot:
         require_matplotlib()  # before the search, not after a minute of it
-
-    check_output_file("--save", args.save)
-    check_output_file("--plot", args.plot)
     result = tune_path(args.path, batch_size=args.batch_size, step_ms=args.step_ms, model=args.model,
                        budget_s=args.budget, max_workers=args.max_workers, progress=not (args.quiet or args.json),
                        sync=args.sync, transform=args.transform)

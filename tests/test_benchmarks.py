@@ -210,6 +210,7 @@ def test_decoders_agree_with_pil(data: dict[str, tuple[Path, str]]) -> None:
 # ---------------------------------------------------------------- the whole command
 
 
+@pytest.mark.long
 def test_run_end_to_end_without_peers(data: dict[str, tuple[Path, str]], tmp_path: Path) -> None:
     root = data["imagenet"][0].parent
     out = tmp_path / "results"

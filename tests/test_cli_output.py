@@ -59,24 +59,49 @@ def run_with_stdout_closed(argv: list[str]) -> subprocess.CompletedProcess[bytes
         os.close(write_end)
 
 
+# Runs each command of argv lists in one process (one start-up, not one per command), its fd 1 a pipe
+# whose reader has gone and its fd 2 a file; prints [argv, exit status, stderr] for each as JSON.
+IN_ONE_PROCESS = r"""
+import json, os, sys, tempfile
+from packload.cli import main
+results = []
+for argv in json.loads(sys.argv[1]):
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    keep_out, keep_err = os.dup(1), os.dup(2)
+    with tempfile.TemporaryFile() as err:
+        sys.stdout.flush(); sys.stderr.flush()
+        os.dup2(write_end, 1); os.dup2(err.fileno(), 2); os.close(write_end)
+        try:
+            code = main(argv)
+        except SystemExit as exc:
+            code = exc.code
+        sys.stderr.flush()
+        os.dup2(keep_out, 1); os.dup2(keep_err, 2); os.close(keep_out); os.close(keep_err)
+        err.seek(0)
+        results.append([argv, code, err.read().decode()])
+sys.stdout.write(json.dumps(results) + "\n")
+"""
+
+
 def test_a_closed_stdout_ends_every_command_quietly(place: Path, tmp_path: Path) -> None:
     """Unix tools stopped by SIGPIPE say nothing and a shell reports 141: every command does the
-    same when its reader goes away, whatever it had to say (a report, JSON, --help, --version)."""
-    runs = {f"{name} --json": [*argv, "--json"] for name, argv in commands(place, tmp_path).items()}
-    runs["pack"] = [*runs.pop("pack --json")[:-1]]  # a summary line on stdout, progress on stderr: hushed below
-    runs["info"] = commands(place, tmp_path)["info"]
-    runs["tune"] = [*commands(place, tmp_path)["tune"], "--quiet"]  # --quiet: no progress, the report still
-    runs["doctor"] = [*commands(place, tmp_path)["doctor"], "--quiet"]
-    runs["--help"] = ["--help"]
-    runs["demo --help"] = ["demo", "--help"]
-    runs["--version"] = ["--version"]
-    for name, argv in runs.items():
-        done = run_with_stdout_closed(argv)
-        err = done.stderr.decode()
-        if name == "pack":  # its progress goes to stderr, a pipe here: plain lines, and nothing else
+    same when its reader goes away, whatever it had to say (a report, JSON, --help, --version); and
+    so does a whole process, whose interpreter flushes stdout once more as it exits."""
+    runs = [[*argv, "--json"] for argv in commands(place, tmp_path).values()]
+    runs += [commands(place, tmp_path)["info"], [*commands(place, tmp_path)["tune"], "--quiet"],
+             [*commands(place, tmp_path)["doctor"], "--quiet"], ["--help"], ["demo", "--help"], ["--version"],
+             ["pack", str(place / "images"), str(tmp_path / "q.lmdb")]]  # a summary line (progress on stderr)
+    done = subprocess.run([sys.executable, "-c", IN_ONE_PROCESS, json.dumps(runs)], capture_output=True, cwd=ROOT,
+                          timeout=600, check=True)
+    for argv, code, err in json.loads(done.stdout):
+        if argv[0] == "pack" and "--json" not in argv:  # its progress goes to stderr, a file here: lines of its own
             err = "\n".join(line for line in err.splitlines() if not line.startswith("pack images:"))
-        assert err == "" and done.returncode == EXIT_PIPE, (name, done.returncode, err)
+        assert err == "" and code == EXIT_PIPE, (argv, code, err)
     assert (tmp_path / "n.shards").is_dir() and (tmp_path / "m.lmdb").is_file(), "the work itself was done"
+    for argv in (commands(place, tmp_path)["info"], ["--help"]):  # whole processes, to their exit
+        whole = run_with_stdout_closed(argv)
+        assert whole.stderr.decode() == "" and whole.returncode == EXIT_PIPE, (argv, whole.returncode, whole.stderr)
 
 
 def test_a_closed_stdout_is_not_taken_for_a_failed_network_write(monkeypatch, capsys) -> None:

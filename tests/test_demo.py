@@ -11,6 +11,7 @@ from packload.cli import main
 from packload.demo import run_demo
 
 
+@pytest.mark.long  # the whole demo, its tune included
 def test_demo_generates_packs_loads_tunes_and_reports(tmp_path, capsys):
     assert main(["demo", "--dir", str(tmp_path / "d"), "--count", "120", "--json"]) == 0
     captured = capsys.readouterr()

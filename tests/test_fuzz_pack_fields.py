@@ -31,6 +31,7 @@ def quick(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return campaign.fuzz_fields(tmp_path_factory.mktemp("fuzz"), "quick")
 
 
+@pytest.mark.long  # the quick fuzz campaign's packs take most of a minute to make
 def test_intact_packs_read_cleanly_on_every_path(quick: dict[str, Any]) -> None:
     """The harness's own check: intact packs pass every read path, so each failure is the change's doing."""
     assert quick["control"] == [], _report(quick)
@@ -41,6 +42,7 @@ def test_intact_packs_read_cleanly_on_every_path(quick: dict[str, Any]) -> None:
     assert quick["kernel"], "the compiled resize kernel is not in use: the crop probes would not reach it"
 
 
+@pytest.mark.long
 def test_every_field_is_probed_on_both_backends(quick: dict[str, Any]) -> None:
     coverage = quick["coverage"]
     for group, fields in (("index header", model.INDEX_HEADER_FIELDS), ("index entry", model.ENTRY_FIELDS),
@@ -54,6 +56,7 @@ def test_every_field_is_probed_on_both_backends(quick: dict[str, Any]) -> None:
     assert set(quick["paths"]) == set(read_paths.READ_PATHS)
 
 
+@pytest.mark.long
 def test_hostile_fields_subset(quick: dict[str, Any]) -> None:
     assert not [f for f in quick["failures"] if f["kind"] == "harness"], _report(quick)
     assert quick["failures"] == [], _report(quick)
@@ -72,6 +75,7 @@ def test_reference_reads_what_packload_reads(tmp_path: Path) -> None:
                 for i in range(reader.records)]
 
 
+@pytest.mark.long  # builds the kernel with the sanitizers
 def test_sanitized_resize_kernel(tmp_path: Path) -> None:
     """The resize kernel and the batch decoder built with AddressSanitizer and UBSan, loaded in the
     workers (with libasan preloaded) in place of the installed ones: a deliberate over-read is

@@ -119,7 +119,7 @@ def test_resume_really_continues(source, tmp_path):
     assert abs(summary["files_per_s"] - this_run) < abs(summary["files_per_s"] - whole)
     line = pack_summary(summary)
     assert f"resumed at file {summary['resumed_at']}" in line
-    assert f"packed {summary['files_this_run']} more file(s)" in line and f"holds {summary['records']} images" in line
+    assert f"packed {summary['files_this_run']} more files" in line and f"holds {summary['records']} images" in line
 
 
 def test_resume_refuses_other_options(source, tmp_path):

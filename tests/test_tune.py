@@ -517,6 +517,7 @@ def test_the_open_file_limit_bounds_the_climb(monkeypatch):
     assert tune_search.descriptor_workers() == tune_search.WAITING_CAP
 
 
+@pytest.mark.long  # a 25 s search
 def test_tune_adds_workers_past_the_cores_when_samples_wait_on_storage():
     """A real search: every sample waits 4 ms without using the CPU (as on a network disk) and the step
     could take far more. The pick has more workers than the machine has usable cores."""

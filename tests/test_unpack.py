@@ -102,7 +102,7 @@ def test_reencoded_suffix_collisions_get_distinct_files(tmp_path: Path, backend:
         name = path if path.endswith(".png") else path + ".png"
         assert written[name] == payload
     summary = stdout.getvalue()
-    assert "unpacked 6 files" in summary and "4 file(s) kept their whole name" in summary and ".png); " in summary
+    assert "unpacked 6 files" in summary and "4 files kept their whole name" in summary and ".png); " in summary
     result = unpack(packed, tmp_path / "again", progress=False)
     assert result["files"] == 6
     assert sorted(r["written_as"] for r in result["renamed"]) == sorted(
