@@ -424,7 +424,7 @@ class BlockCache:
         the bytes the entries left take. Only recorded entries are deleted, and unfinished writes of
         processes that are gone."""
         entries = self.entries()
-        total = sum(length for _, _, _, length in entries)
+        total = sum(length for _, _, _, length in entries) + self.writing_bytes()
         target = self.limit - size - min(self.limit // 32, 256 << 20)
         for _, pack, name, length in sorted(entries):
             if total <= target:
@@ -448,17 +448,8 @@ class BlockCache:
     def entries(self) -> list[tuple[float, str, str, int]]:
         """(last use, pack folder, name, bytes) of every entry the cache recorded (its bytes and its
         record), and of every unfinished write of a process that is gone (name with its suffix)."""
-        try:
-            root = self._folder_fd()
-        except CacheUnusableError:
-            return []
         found: list[tuple[float, str, str, int]] = []
-        with os.scandir(root) as packs:
-            pack_names = [e.name for e in packs if _PACK_FOLDER.fullmatch(e.name) and e.is_dir(follow_symlinks=False)]
-        for pack in pack_names:
-            folder = self._pack_fd(pack, create=False)
-            if folder is None:
-                continue
+        for pack, folder in self._pack_folders():
             try:
                 names = os.listdir(folder)
             except OSError:
@@ -489,6 +480,41 @@ class BlockCache:
             return []
         return [(info.st_mtime, pack, name, info.st_size + kept)]
 
+    def writing_bytes(self) -> int:
+        """Bytes of the writes under way now (their temporary files, room already claimed): counted
+        by a walk, never deleted by it."""
+        total = 0
+        for _, folder in self._pack_folders():
+            try:
+                names = os.listdir(folder)
+            except OSError:
+                continue
+            for item in names:
+                match = _TMP.fullmatch(item)
+                if match and match.group(2) == "blk":
+                    try:
+                        info = os.stat(item, dir_fd=folder, follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if _alive(int(match.group(3))) or time.time() - info.st_mtime < STALE_SECONDS:
+                        total += info.st_size
+        return total
+
+    def _pack_folders(self) -> list[tuple[str, int]]:
+        """(name, descriptor) of every pack folder of the cache (real folders of the names it gives)."""
+        try:
+            root = self._folder_fd()
+        except CacheUnusableError:
+            return []
+        with os.scandir(root) as packs:
+            names = [e.name for e in packs if _PACK_FOLDER.fullmatch(e.name) and e.is_dir(follow_symlinks=False)]
+        found = []
+        for pack in names:
+            folder = self._pack_fd(pack, create=False)
+            if folder is not None:
+                found.append((pack, folder))
+        return found
+
     def _abandoned(self, folder: int, pack: str, item: str) -> list[tuple[float, str, str, int]]:
         """An unfinished write ``item`` whose process is gone and which is old: (0, pack, item, bytes)."""
         match = _TMP.fullmatch(item)
@@ -503,8 +529,8 @@ class BlockCache:
         return [(0.0, pack, item, info.st_size)]
 
     def used(self) -> int:
-        """Bytes the cache's entries take now."""
-        return sum(length for _, _, _, length in self.entries())
+        """Bytes the cache's entries take now (the writes under way included)."""
+        return sum(length for _, _, _, length in self.entries()) + self.writing_bytes()
 
     def fetching(self, pack: str, identity: str) -> _FileLock:
         """A lock on entry ``identity`` held while it is fetched (``with cache.fetching(...)``): another

@@ -31,6 +31,7 @@ import errno
 import hashlib
 import os
 import threading
+import warnings
 import zlib
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -111,6 +112,11 @@ class RemoteShardsPack:
         self._pid = os.getpid()
         self._by_part: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._open_pinned(self.store.listing() if listing is None else listing, manifest_head)
+        problem = cache.problem()
+        if problem:  # read all the same, from the store each time: said once per open, not hidden
+            warnings.warn(f"{self.store.shown}: the cache folder cannot be used ({problem}); every block is fetched "
+                          "from the store each time it is read: give cache_dir (or PACKLOAD_CACHE) a folder you can "
+                          "write to", stacklevel=3)
 
     def forked(self) -> RemoteShardsPack:
         """A copy for a process forked from this one: the manifest, index and shard list as they

@@ -291,3 +291,32 @@ def test_shards_larger_than_a_simple_upload_go_up_resumable_and_read_back_by_blo
     ds = PackedImageFolder(url, output="bytes", storage_options=store.options, cache_dir=tmp_path / "cache")
     assert [ds[i] for i in range(len(ds))] == _local_items(tmp_path / "big.shards")
     assert store.proxy.count("GET", ranged=True) - before >= 2
+
+
+def test_a_pack_replaced_under_an_open_reader_is_refused(store, local, tmp_path):
+    """The emulator serves the current object whatever generation is asked for (GCS itself would
+    refuse an old one): the records' own CRC-32s find the other pack's bytes, and the manifest there
+    now says it is another pack. Never the other pack's records, never a 'damaged' message."""
+    from packload.core.errors import ChecksumError, PackChangedError  # noqa: PLC0415
+
+    make_image_folder(tmp_path / "other", classes=("dog", "emu"), per_class=18, seed=4)
+    pack(tmp_path / "other", tmp_path / "other.shards", shard_size=SHARD, progress=False)
+    fs = store.filesystem()
+    url = f"gs://{BUCKET}/{tmp_path.name}/p.shards"
+    fs.put(str(local / "p.shards"), f"{BUCKET}/{tmp_path.name}/p.shards", recursive=True)
+    expected = _records(local / "p.shards")[1]
+    reader = PackReader(url, storage_options=store.options, cache_dir=tmp_path / "cache", block_size=8192)
+    try:
+        assert bytes(reader.payload(0)) == expected[0]
+        for name in os.listdir(tmp_path / "other.shards"):  # every object of the other pack, over this one's
+            fs.put_file(str(tmp_path / "other.shards" / name), f"{BUCKET}/{tmp_path.name}/p.shards/{name}")
+        refused = 0
+        for i in range(reader.records):
+            try:
+                assert bytes(reader.payload(i)) == expected[i]
+            except PackChangedError as exc:
+                assert not isinstance(exc, ChecksumError) and "changed since it was opened" in str(exc)
+                refused += 1
+        assert refused > 0
+    finally:
+        reader.close()

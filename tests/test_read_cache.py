@@ -402,3 +402,16 @@ def test_a_put_that_fits_the_recorded_size_does_not_walk_the_folder(tmp_path, mo
     cache.put(P, "e", b"e" * 1000)  # walks again, finds room, evicts nothing more
     assert len(walks) == 3 and [cache.has(P, n, 1000) for n in "bcde"] == [False, True, True, True]
     assert int((cache.folder / LOCK_NAME).read_text()) >= _used(cache)
+
+
+def test_a_write_under_way_is_counted_by_a_walk(tmp_path):
+    """Room claimed by a write not finished yet (another thread's, another process's) counts when a
+    walk records the bytes anew: once it lands, the limit still holds."""
+    cache = BlockCache(tmp_path, limit=4000)
+    writing = cache.reserve(P, "big", 2000)  # claimed, its bytes not written yet
+    (cache.folder / LOCK_NAME).write_text("")  # the record lost: the next write walks the folder
+    for k in range(3):
+        cache.put(P, f"x{k}", b"x" * 1000)
+    os.pwrite(writing.fd, b"b" * 2000, 0)
+    writing.commit()
+    assert _used(cache) <= 4000 and cache.has(P, "big", 2000)

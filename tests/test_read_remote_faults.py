@@ -301,3 +301,15 @@ def test_a_signed_url_is_never_shown_with_its_signature(store, sources, tmp_path
             out, err = capsys.readouterr()
             for text in (out, err):
                 assert secret not in text and credential not in text and "hunter2" not in text, argv
+
+
+def test_a_shards_pack_with_a_cache_folder_that_cannot_be_used_is_read_and_says_so(store, sources, tmp_path):
+    expected, _ = _local(sources / "a.shards")
+    url = _upload(store, sources / "a.shards", f"{tmp_path.name}/p.shards")
+    blocker = tmp_path / "a-file"
+    blocker.write_bytes(b"not a folder")
+    with pytest.warns(UserWarning, match="cache folder cannot be used .*not a folder"):
+        reader = _reader(store, url, blocker)
+    with reader:
+        assert [bytes(v) for v in reader.payloads(list(range(reader.records)))] == expected
+    assert blocker.read_bytes() == b"not a folder"

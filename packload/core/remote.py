@@ -529,6 +529,8 @@ class RemoteStore:
                     raise self.changed(name) from None
                 raise
             if len(data) != stop - start:
+                if tag and self._version_now(name, deadline, tag) != tag:  # shorter now: another object there
+                    raise self.changed(name)
                 raise ShortReadError(f"{len(data)} bytes of {stop - start}")
             return bytes(data)
 
@@ -536,6 +538,16 @@ class RemoteStore:
         until = time.monotonic() + per_attempt + self.timeout
         return retried(lambda: attempt(min(per_attempt, max(until - time.monotonic(), 0.05))),
                        self.url_of(name), until=until, timeout=self.timeout, probe=self._probe)
+
+    def _version_now(self, name: str, deadline: float, then: str) -> str | None:
+        """The version of object ``name`` now (None when it is gone; ``then`` when it cannot be told)."""
+        try:
+            self.fs.invalidate_cache(self.full(name))
+            return tag_of(self._call("info", self.full(name), deadline=deadline))
+        except FileNotFoundError:
+            return None
+        except Exception:  # noqa: BLE001 - the short read is what the caller reports then
+            return then
 
     def changed(self, name: str) -> ObjectChangedError:
         """The error of a pinned read of ``name`` that found another version there."""
