@@ -360,6 +360,10 @@ def run_demo(args: argparse.Namespace) -> int:
 
     result = demo(args.dir, count=args.count, progress=not (args.quiet or args.json))
     args.quiet = False  # --quiet hides the progress bars; the report is the point of the demo
+    # its tune part speaks of `packload tune`'s flags (--budget, not budget_s), as that command's report does
+    [tune] = [sub for sub in subcommand_parsers(build_parser()) if sub.prog.endswith(" tune")]
+    result["report"] = [in_flag_names(line, tune) for line in result["report"]]
+    result["tune"]["message"] = in_flag_names(result["tune"]["message"], tune)
     _emit(args, result, result["report"])
     return EXIT_OK
 

@@ -31,6 +31,10 @@ def test_demo_generates_packs_loads_tunes_and_reports(tmp_path, capsys):
     assert tuned["fast_path"] is not None and tuned["winner"] == tuned["trials"][tuned["winner_index"]]
     pick_line = next(line for line in result["report"] if line.strip().startswith("pick (#"))
     assert f"{tuned['winner']['samples_per_s']:,.0f} img/s" in pick_line  # the pick shows its row's figure
+    import re
+
+    said = "\n".join(result["report"]) + tuned["message"]  # in `packload tune`'s flags, not the library's names
+    assert not re.search(r"\b(budget_s|max_workers|step_ms)\b", said), said
 
 
 def test_demo_refuses_a_tiny_count(tmp_path):

@@ -42,7 +42,7 @@ from packload.diagnose.gpu_step import DummyStep, iter_tensors
 from packload.diagnose.loader_config import CONFIG_KEY, CONFIG_VERSION
 from packload.diagnose.loader_memory import MemoryGuard, batch_nbytes
 from packload.diagnose.measure import machine_info
-from packload.diagnose.training_loop import DEFAULT_SYNC, assumed, resolve_step
+from packload.diagnose.training_loop import DEFAULT_STEP_MS, DEFAULT_SYNC, assumed, resolve_step
 from packload.diagnose.tune_search import (
     CAP_REACHED,
     DESCRIPTORS_REACHED,
@@ -59,7 +59,7 @@ from packload.diagnose.tune_search import (
 from packload.loaders.dataset import PackedImageFolder
 from packload.loaders.folder import FolderImages
 
-__all__ = ["Trial", "TuneError", "TuneResult", "format_report", "tune"]
+__all__ = ["DEFAULT_STEP_MS", "Trial", "TuneError", "TuneResult", "format_report", "tune"]
 
 DEFAULT_TOLERANCE = 0.04  # configurations within 4% of the fastest count as equally fast
 COMPUTE_BOUND_WAIT = 0.10  # the GPU waiting less than this share of the time: compute-bound
