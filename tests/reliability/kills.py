@@ -94,7 +94,8 @@ def kill_and_resume(source: Path, dst: Path, reference: Path, point: int | str) 
     from packload import PackedImageFolder, PackReader
     from packload.core.errors import PackloadError
     from packload.loaders.verify import verify
-    from packload.packer.pipeline import partial_path
+    from packload.packer.destination import remove_ours
+    from packload.packer.pipeline import nothing_to_resume, partial_path
 
     problems: list[str] = []
     killed = kill_pack(source, dst, point)
@@ -115,10 +116,19 @@ def kill_and_resume(source: Path, dst: Path, reference: Path, point: int | str) 
             problem = one_line_error(*cli(command))
             if problem:
                 problems.append(f"packload {command[0]} {target.name}: {problem}")
+    # Killed before a record a resume would keep: the same command simply starts again. Else it is
+    # refused, naming --resume, and the pack is resumed.
+    fresh = partial.exists() and nothing_to_resume(partial)
     code, err = cli(["pack", str(source), str(dst), "--quiet"])
-    if partial.exists() and (code != 2 or "--resume" not in err):
-        problems.append(f"pack without --resume over an unfinished pack: exit {code}, {err.strip()!r}")
-    summary = pack_small(source, dst, resume=True)
+    if fresh:
+        if code != 0:
+            problems.append(f"pack over an unfinished pack holding nothing to resume: exit {code}, {err.strip()!r}")
+        remove_ours(dst)
+        summary = pack_small(source, dst)
+    else:
+        if partial.exists() and (code != 2 or "--resume" not in err):
+            problems.append(f"pack without --resume over an unfinished pack: exit {code}, {err.strip()!r}")
+        summary = pack_small(source, dst, resume=True)
     if partial.exists() or Path(str(partial) + "-lock").exists():
         problems.append("resume left the unfinished pack behind")
     identical = records_of(dst) == records_of(reference)
