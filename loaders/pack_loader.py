@@ -38,6 +38,7 @@ from packload.core.threads import single_core_torch_pool
 from packload.core.torch_private import storage_use_count, storage_use_count_available
 from packload.loaders.crop import CenterCrop
 from packload.loaders.dataset import PackedImageFolder
+from packload.loaders.mix import MixedPacks
 from packload.loaders.params import check_batch_memory
 from packload.loaders.random_crop import Draws, RandomResizedCrop, check_crop, flip_probability
 from packload.loaders.sampler import PackSampler
@@ -87,13 +88,18 @@ class PackLoader:
     memory of cropped batches the loop has let go of is reused for later ones (no page faults).
     """
 
-    def __init__(self, dataset: PackedImageFolder, batch_size: int, *, sampler: PackSampler | None = None,
+    def __init__(self, dataset: PackedImageFolder | MixedPacks, batch_size: int, *, sampler: PackSampler | None = None,
                  crop: CenterCrop | RandomResizedCrop | int | None = None, flip: bool | float | None = None,
                  threads: int | None = None, prefetch: int | None = None, drop_last: bool = False,
                  channels_last: bool = True, pin_memory: bool = False, encoded: bool = False,
                  fast_idct: bool = False, device: str | torch.device | None = None) -> None:
-        if not isinstance(dataset, PackedImageFolder):
-            raise TypeError(f"PackLoader reads a PackedImageFolder, got {type(dataset).__name__}")
+        if not isinstance(dataset, (PackedImageFolder, MixedPacks)):
+            raise TypeError(f"PackLoader reads a PackedImageFolder or a packload.mix() of them, got {type(dataset).__name__}")
+        if device is not None and getattr(dataset, "target", None) is not None:
+            raise UsageError("device='cuda' gives the class indices beside its images, not a dataset's target=: "
+                             "leave device out, or the target")
+        if device is not None and isinstance(dataset, MixedPacks):
+            raise UsageError("device='cuda' decodes one pack's records on the GPU, not a mix's: leave device out")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         self.dataset = dataset
@@ -188,7 +194,7 @@ class PackLoader:
                     ahead.reach(start)
                 indices = order[start : start + self.batch_size]
                 batch = self._build(indices, draws, spares.take(len(indices)) if spares else None)
-                self._consumed += len(batch[-1])
+                self._consumed += self._count(batch)
                 if spares:
                     spares.keep(batch[0])
                 yield batch
@@ -213,13 +219,17 @@ class PackLoader:
                 start = next(upcoming, None)
                 if start is not None:
                     submit(start)
-                self._consumed += len(batch[-1])  # the labels
+                self._consumed += self._count(batch)
                 if spares:
                     spares.keep(batch[0])
                 yield batch
         finally:
             for future in pending:
                 future.cancel()
+
+    def _count(self, batch: tuple[Any, ...]) -> int:
+        """Samples in ``batch``: its images (its offsets, less one, when ``encoded``), whatever its targets are."""
+        return len(batch[1]) - 1 if self.encoded else len(batch[0])
 
     def _build(self, indices: np.ndarray, draws: Draws, images: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
         """One batch, in a pool thread (written into ``images`` when given)."""

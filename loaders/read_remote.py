@@ -49,6 +49,7 @@ from packload.core.errors import (
     UsageError,
 )
 from packload.core.format import (
+    FIELDS_NAME,
     FORMAT_VERSION,
     INDEX_NAME,
     MANIFEST_NAME,
@@ -60,7 +61,7 @@ from packload.core.format import (
     decode_shard_header,
     shard_number,
 )
-from packload.core.manifest import MANIFEST_LIMIT, decode_manifest, shard_parts
+from packload.core.manifest import MANIFEST_LIMIT, check_listed_size, decode_manifest, shard_parts
 from packload.core.remote import (
     ObjectChangedError,
     RemoteMissingError,
@@ -527,6 +528,32 @@ class RemoteShardsPack:
 
     def index_bytes(self) -> bytes:
         return self._index
+
+    def fields_bytes(self) -> bytes:
+        """``fields.bin`` (a pack made from a table), fetched whole on first use and kept in the cache."""
+        if getattr(self, "_fields", None) is None:
+            size = int(self.manifest.get("fields", {}).get("size", 0))
+            listed = self.listed.get(FIELDS_NAME)
+            if listed is None:
+                raise PackFormatError(f"{self.store.shown_of(FIELDS_NAME)}: missing, though the manifest lists the "
+                                      "pack's fields; the pack is incomplete, upload it again")
+            check_listed_size(int(listed.get("size") or 0), size, str(self.store.shown_of(FIELDS_NAME)))
+            identity = f"{FIELDS_NAME}\0{size}"
+            cached = self.cache.read(self.key, identity, size)
+            if cached is not None:
+                self._fields = bytes(cached)
+                cached.close()
+            else:
+                try:
+                    self._fields = self.store.read_all(FIELDS_NAME, size, self.tags.get(FIELDS_NAME))
+                except FileNotFoundError:
+                    raise PackFormatError(f"{self.store.shown_of(FIELDS_NAME)}: missing, though the manifest lists "
+                                          "the pack's fields; the pack is incomplete, upload it again") from None
+                if len(self._fields) != size:
+                    raise PackFormatError(f"{self.store.shown_of(FIELDS_NAME)}: {len(self._fields)} bytes, the "
+                                          f"manifest says {size}; the pack is damaged")
+                self.cache.put(self.key, identity, self._fields)
+        return self._fields
 
     def close(self) -> None:
         """Stop the fetches not started yet (the running ones finish) and let the maps go."""

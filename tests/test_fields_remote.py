@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("s3fs", reason="s3fs is not installed (pip install -e '.[dev]')")
 pytest.importorskip("moto.server", reason="moto[server] is not installed (pip install -e '.[dev]')")
 
-from packload import PackedImageFolder, pack, pack_ray, unpack, verify  # noqa: E402
+from packload import PackedImageFolder, PackFormatError, pack, pack_ray, unpack, verify  # noqa: E402
 from packload.cli import main  # noqa: E402
 from packload.core.format import FIELDS_NAME  # noqa: E402
 from packload.core.remote import RemoteStore, download_pack  # noqa: E402
@@ -121,3 +121,14 @@ def test_ray_from_the_command_line(ray_here: LocalRay, source, local: Path, tmp_
     assert json.loads(captured.out)["rows_left_out"] == PackedImageFolder(local).manifest["fields"][
         "rows_left_out_count"]
     _same(out, local)
+
+
+def test_a_url_pack_without_its_fields_part_is_refused(store: ObjectStore, source, tmp_path: Path) -> None:
+    url = f"s3://{BUCKET}/out/gone.shards"
+    pack(source.root, url, labels=TableOptions(source.table, types=GIVEN), workers=1, progress=False,
+         storage_options=store.options)
+    store.filesystem().rm(f"{BUCKET}/out/gone.shards/{FIELDS_NAME}")
+    ds = PackedImageFolder(url, storage_options=store.options, cache_dir=tmp_path / "cache")
+    assert len(ds) == len(source.paths)  # the images read as ever
+    with pytest.raises(PackFormatError, match="fields.bin: missing, though the manifest lists the pack's fields"):
+        ds.field("age")

@@ -664,7 +664,7 @@ def download_pack(url: str, folder: str | os.PathLike[str], storage_options: dic
     pack's path, for the commands that read every byte anyway (``verify``, ``unpack``, ``merge``).
     A pack replaced while it is copied is refused (``PackChangedError``), never copied half and half."""
     from packload.core.errors import IncompletePackError  # noqa: PLC0415 - beside its only use
-    from packload.core.format import INDEX_NAME, MANIFEST_NAME, shard_number  # noqa: PLC0415
+    from packload.core.format import FIELDS_NAME, INDEX_NAME, MANIFEST_NAME, shard_number  # noqa: PLC0415
 
     store = RemoteStore(url, storage_options)
     name = url_name(store.url) or "pack"
@@ -684,7 +684,8 @@ def download_pack(url: str, folder: str | os.PathLike[str], storage_options: dic
             raise IncompletePackError(f"{store.shown}: no {MANIFEST_NAME}: this pack did not finish (or is being "
                                       "written now); pack it again, or wait for the pack to finish")
         os.mkdir(target)
-        wanted = sorted(n for n in listing if shard_number(n) is not None or n == INDEX_NAME) + [MANIFEST_NAME]
+        wanted = sorted(n for n in listing if shard_number(n) is not None or n in (INDEX_NAME, FIELDS_NAME)) + [
+            MANIFEST_NAME]
         for item in wanted:
             _download_to(store, item, listing[item], os.path.join(target, item), store.tags.get(item))
     except ObjectChangedError as exc:
