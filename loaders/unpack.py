@@ -391,7 +391,7 @@ def unpack(path: str | os.PathLike[str], out: str | os.PathLike[str], overwrite:
     A pack at a URL is copied whole into a temporary folder first."""
     if is_url(path):
         with tempfile.TemporaryDirectory(prefix="packload-unpack-") as folder:
-            result = unpack(download_pack(str(path), folder), out, overwrite, progress)
+            result = unpack(download_pack(str(path), folder, progress=progress), out, overwrite, progress)
         return dict(result, path=str(path).rstrip("/"))
     out_dir = Path(out)
     state = _out_state(out_dir, overwrite)

@@ -205,7 +205,7 @@ def verify(path: str | os.PathLike[str], decode: bool = False, progress: bool = 
     A pack at a URL is copied whole into a temporary folder first (every byte is read anyway)."""
     if is_url(path):
         with tempfile.TemporaryDirectory(prefix="packload-verify-") as folder:
-            report = verify(download_pack(str(path), folder), decode, progress)
+            report = verify(download_pack(str(path), folder, progress=progress), decode, progress)
         return dict(report, path=display_url(str(path).rstrip("/")))
     with PackReader(path) as reader:
         damaged_files = file_problems(reader) + manifest_problems(reader) + verify_fields(reader)

@@ -21,15 +21,16 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from packload.core.errors import UsageError
-from packload.core.remote import is_url
+from packload.core.remote import TransferBar, is_url
 from packload.core.scan import list_top
 from packload.core.urls import display_url
-from packload.packer.upload import ShardUploader
+from packload.packer.upload import ShardUploader, local_bytes
 from packload.packer.url_destination import UrlDestination
 
 
@@ -39,6 +40,7 @@ def pack_to_url(src: str | os.PathLike[str], url: str, *, local_pack: Callable[.
     """Pack ``src`` into ``url`` (see the module's notes) with ``local_pack`` (``pipeline.pack``,
     given ``options``) into a local staging folder; returns its summary, the destination and the
     bytes on the store in it."""
+    started = time.perf_counter()
     if not is_url(url):
         raise UsageError(f"{url}: not a URL")
     if resume:
@@ -51,10 +53,22 @@ def pack_to_url(src: str | os.PathLike[str], url: str, *, local_pack: Callable[.
         local = Path(staging) / destination.name
         if backend == "lmdb":
             summary = local_pack(src, local, backend=backend, **options)
-            destination.publish_object(local)
+            with TransferBar(f"upload {destination.name}", local_bytes(local), options.get("progress", True)) as sent:
+                destination.sent = sent
+                destination.publish_object(local)
         else:
             summary = _pack_shards(src, local, destination, local_pack, backend, options)
     summary.update(destination=destination.shown, pack_bytes=destination.size(backend))
+    return whole_command_rates(summary, time.perf_counter() - started)
+
+
+def whole_command_rates(summary: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """``summary`` with its time the wall time of the whole command (``seconds``: listing, packing,
+    uploading, publishing), and its rates of files and source bytes per second restated over it."""
+    run_bytes = summary["source_bytes"] * summary["files_this_run"] / max(summary["files_total"], 1)
+    summary.update(seconds=round(seconds, 3),
+                   files_per_s=round(summary["files_this_run"] / seconds, 1) if seconds > 0 else None,
+                   mb_per_s=round(run_bytes / seconds / 1e6, 1) if seconds > 0 else None)
     return summary
 
 
@@ -71,8 +85,11 @@ def _pack_shards(src: str | os.PathLike[str], local: Path, destination: UrlDesti
         except BaseException:
             uploader.abandon()  # the error that stopped the pack is the one to report
             raise
-        uploader.wait()
-        destination.publish_shards(local)
+        waiting = uploader.waiting_bytes() + local_bytes(local)
+        with TransferBar(f"upload {destination.name}", waiting, options.get("progress", True)) as sent:
+            uploader.sent = destination.sent = sent
+            uploader.wait()
+            destination.publish_shards(local)
     except BaseException:
         destination.abandon()  # what this run uploaded; never the old pack
         raise

@@ -15,11 +15,12 @@ from __future__ import annotations
 import os
 import threading
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from packload.core.remote import RemoteStore
+from packload.core.remote import RemoteStore, TransferBar
 from packload.packer.url_destination import UrlDestination, prepare_destination
 
 __all__ = ["IN_FLIGHT", "ShardUploader", "prepare_destination", "upload_pack"]
@@ -41,6 +42,7 @@ class ShardUploader:
         self.outbox = outbox
         self.in_flight = in_flight
         self.uploaded: list[str] = [] if uploaded is None else uploaded
+        self.sent: Callable[[int], None] | None = None  # told each shard's bytes once it is up (progress)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="packload-upload")
         self._pending: deque[Future[None]] = deque()
         self._lock = threading.Lock()
@@ -53,10 +55,17 @@ class ShardUploader:
         self._pending.append(self._pool.submit(self._send, waiting))
 
     def _send(self, path: Path) -> None:
+        size = path.stat().st_size
         self.store.upload(path, path.name)
         path.unlink()
+        if self.sent is not None:
+            self.sent(size)
         with self._lock:
             self.uploaded.append(path.name)
+
+    def waiting_bytes(self) -> int:
+        """Bytes of the shards given and not uploaded yet (the one uploading now included)."""
+        return sum(p.stat().st_size for p in self.outbox.iterdir() if p.is_file())
 
     def wait(self) -> None:
         """Return once every shard given is uploaded; raise the first upload's error."""
@@ -72,18 +81,29 @@ class ShardUploader:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def upload_pack(local: Path, url: str, overwrite: bool, storage_options: dict[str, Any] | None = None) -> None:
+def upload_pack(local: Path, url: str, overwrite: bool, storage_options: dict[str, Any] | None = None,
+                progress: bool = False) -> None:
     """Put the finished local pack ``local`` (a shards folder or an LMDB file) at ``url``, by the
     destination's rules (``packer.url_destination``: checked first, an old pack there replaced only
-    with ``overwrite`` and only once the new one is up, the manifest last)."""
+    with ``overwrite`` and only once the new one is up, the manifest last); ``progress``: a bar of
+    the megabytes uploaded."""
     destination = UrlDestination(url, overwrite, storage_options)
     destination.check()
-    if not local.is_dir():
-        destination.publish_object(local)
-        return
-    destination.begin()
-    try:
-        destination.publish_shards(local)
-    except BaseException:
-        destination.abandon()
-        raise
+    with TransferBar(f"upload {destination.name}", local_bytes(local), progress) as sent:
+        destination.sent = sent
+        if not local.is_dir():
+            destination.publish_object(local)
+            return
+        destination.begin()
+        try:
+            destination.publish_shards(local)
+        except BaseException:
+            destination.abandon()
+            raise
+
+
+def local_bytes(path: Path) -> int:
+    """Bytes of a local file, or of the files directly in a folder (a shards pack)."""
+    if not path.is_dir():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.iterdir() if p.is_file())

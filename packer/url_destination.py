@@ -36,6 +36,7 @@ from __future__ import annotations
 import mmap
 import os
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -251,6 +252,7 @@ class UrlDestination:
         self.staged = Staged({}, False)
         self.uploaded: list[str] = []  # names this run put in shard_store
         self.replacing = False  # the old pack is being replaced: what was staged is needed now
+        self.sent: Callable[[int], None] | None = None  # told the bytes of each upload (a progress bar)
 
     @property
     def shown(self) -> str:
@@ -288,7 +290,7 @@ class UrlDestination:
 
     def upload_shard(self, local: Path) -> None:
         """Upload a finished shard of the new pack to ``shard_store``."""
-        self.shard_store.upload(local, local.name)
+        self.shard_store.upload(local, local.name, self.sent)
         self.uploaded.append(local.name)
 
     def publish_shards(self, local: Path) -> None:
@@ -296,10 +298,10 @@ class UrlDestination:
         into place, the manifest last (see the module's notes)."""
         for path in sorted(p for p in local.iterdir() if shard_number(p.name) is not None):
             self.upload_shard(path)
-        self.shard_store.upload(local / INDEX_NAME, INDEX_NAME)
+        self.shard_store.upload(local / INDEX_NAME, INDEX_NAME, self.sent)
         self.uploaded.append(INDEX_NAME)
         if (local / FIELDS_NAME).exists():  # a pack made from a table
-            self.shard_store.upload(local / FIELDS_NAME, FIELDS_NAME)
+            self.shard_store.upload(local / FIELDS_NAME, FIELDS_NAME, self.sent)
             self.uploaded.append(FIELDS_NAME)
         new = set(self.uploaded) | {MANIFEST_NAME}
         now = self._still_ours(frozenset(new) if self.shard_store is self.store else frozenset())
@@ -314,7 +316,7 @@ class UrlDestination:
         if MANIFEST_NAME in now.listing and self.shard_store is self.store:
             stale.insert(0, MANIFEST_NAME)  # an unfinished pack has none; kept for symmetry
         self.store.remove(stale)
-        self.store.upload(local / MANIFEST_NAME, MANIFEST_NAME)
+        self.store.upload(local / MANIFEST_NAME, MANIFEST_NAME, self.sent)
         if now.is_object:
             self.store.remove([""])  # an old LMDB pack at the same URL: the shards pack is in place now
         if self.shard_store is self.partial:
@@ -327,7 +329,7 @@ class UrlDestination:
         one request), then an old shards pack under the prefix deleted, its manifest first."""
         now = self._still_ours()
         self.replacing = True
-        self.store.upload(local, "")
+        self.store.upload(local, "", self.sent)
         if now.listing:
             _remove_in_order(self.store, now.listing)
         self._clear_staged()

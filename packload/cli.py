@@ -41,6 +41,7 @@ from packload.cli_parser import (
 from packload.core.display import json_text, pack_phrase, plural, safe_lines
 from packload.core.errors import PackloadError, UsageError
 from packload.core.remote import is_url
+from packload.core.urls import display_url
 from packload.core.version import __version__
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -517,12 +518,24 @@ def _run_command(parser: Parser, argv: Sequence[str] | None) -> int:
         print_error(parser.prog, in_flag_names(str(exc), used))
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print(f"{parser.prog}: interrupted; an unfinished pack can be finished with --resume", file=sys.stderr)
+        print(f"{parser.prog}: {interrupted_message(args)}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as exc:  # a bug: still one line, with what to report
         print_error(parser.prog, f"unexpected {type(exc).__name__}: {exc}; this is a bug in packload "
                                  f"{__version__}, please report it with the command you ran")
         return EXIT_ERROR
+
+
+def interrupted_message(args: argparse.Namespace) -> str:
+    """What Ctrl-C left, and the way on that will be accepted: ``--resume`` only where it applies (a
+    pack to a local destination, or any of the Ray engine's); a pack to a URL by this machine
+    publishes nothing and removes what it uploaded, so the same command starts again."""
+    if args.run is not run_pack:
+        return "interrupted"
+    if getattr(args, "engine", "local") == "local" and is_url(args.dst):
+        return (f"interrupted; nothing was published at {display_url(args.dst)} (what this run uploaded is removed); "
+                "run the same command again to pack it")
+    return "interrupted; the unfinished pack can be finished with the same command and --resume"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -236,7 +236,7 @@ def _merge_remote(out: str | os.PathLike[str], inputs: list[str | os.PathLike[st
         for k, item in enumerate(inputs):
             if is_url(item):
                 os.mkdir(os.path.join(folder, f"input-{k}"))
-                local_inputs.append(download_pack(str(item), os.path.join(folder, f"input-{k}")))
+                local_inputs.append(download_pack(str(item), os.path.join(folder, f"input-{k}"), progress=progress))
             else:
                 local_inputs.append(item)
         if destination is None:
@@ -244,7 +244,7 @@ def _merge_remote(out: str | os.PathLike[str], inputs: list[str | os.PathLike[st
         else:
             local_out = Path(folder) / destination.name
             result = merge(local_out, local_inputs, backend=backend, overwrite=False, progress=progress)
-            upload_pack(local_out, str(out), overwrite)
+            upload_pack(local_out, str(out), overwrite, progress=progress)
             result["destination"] = destination.shown
     shown = [display_url(str(p)) if is_url(p) else str(p) for p in inputs]
     return dict(result, inputs=shown, seconds=round(time.perf_counter() - started, 3))

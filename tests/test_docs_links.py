@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 README_COMMANDS = [  # copied word for word by people and by CI's set-up: they must not drift
     'pip install torch==2.13.0 && pip install -e ".[fast]" && packload demo',
-    'pip install torch==2.13.0 && pip install -e ".[dev]" && python -m pytest -q',
+    'pip install torch==2.13.0 && pip install -e ".[dev]" && python -m pytest',
+    'pip install torch==2.13.0 && pip install -e ".[test]" && python -m pytest -m "not slow and not long"',
 ]
 
 FENCE = re.compile(r"^\s*(```|~~~)")

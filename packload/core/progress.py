@@ -46,11 +46,11 @@ class LineProgress:
 
     def _line(self, final: bool = False) -> None:
         elapsed = time.monotonic() - self._start
-        done = f"{self.n:,.0f}/{self.total:,.0f}" if self.total else f"{self.n:,.0f}"
+        done = f"{_amount(self.n)}/{_amount(self.total)}" if self.total else _amount(self.n)
         share = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
         rate = (self.n - self._initial) / elapsed if elapsed > 0 else 0.0
         # counting seconds, the count is the time: no rate ("1 s/s") and no second clock
-        timing = "" if self.unit == "s" else f", {rate:,.0f} {self.unit}/s, {elapsed:.0f} s"
+        timing = "" if self.unit == "s" else f", {_amount(rate if rate < 10 else round(rate))} {self.unit}/s, {elapsed:.0f} s"
         extra = f", {self.postfix}" if self.postfix else ""
         word = "done" if final else "at"
         out = self.file or sys.stderr
@@ -99,6 +99,11 @@ class LineProgress:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _amount(value: float) -> str:
+    """A count as a line shows it: whole numbers as ``1,024``, fractions (megabytes) as ``0.4``."""
+    return f"{value:,.0f}" if float(value).is_integer() or value >= 100 else f"{value:,.1f}"
 
 
 class _Silent(LineProgress):

@@ -30,12 +30,14 @@ import hashlib
 import os
 import re
 import socket
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from packload.core.errors import PackChangedError, PackloadError, UsageError, WriteError
+from packload.core.progress import progress_bar
 from packload.core.urls import display_url, redact_text
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
@@ -571,13 +573,16 @@ class RemoteStore:
             pieces = pool.map(lambda s: self.read_range(name, s, min(size, s + DOWNLOAD_PIECE), tag), starts)
             return b"".join(pieces)
 
-    def download(self, name: str, size: int, fd: int, tag: str | None = None) -> None:
+    def download(self, name: str, size: int, fd: int, tag: str | None = None,
+                 sent: Callable[[int], None] | None = None) -> None:
         """Write the whole of object ``name`` (``size`` bytes) into the open file ``fd``, by ranged
         requests in flight at once (each piece written where it belongs as it arrives; pinned to
-        version ``tag`` when given)."""
+        version ``tag`` when given); ``sent`` is told each piece's bytes as it is written (progress)."""
         def piece(start: int) -> None:
             data = self.read_range(name, start, min(size, start + DOWNLOAD_PIECE), tag)
             os.pwrite(fd, data, start)
+            if sent is not None:
+                sent(len(data))
         starts = list(range(0, size, DOWNLOAD_PIECE))
         if not starts:
             return
@@ -592,10 +597,15 @@ class RemoteStore:
         self._request("copy", self.full(name), target.full(target_name), where=name, nbytes=size // 16,
                       writing=True)
 
-    def upload(self, local: str | os.PathLike[str], name: str) -> None:
-        """Copy the local file ``local`` to object ``name`` (whole, or not at all: retried)."""
+    def upload(self, local: str | os.PathLike[str], name: str, sent: Callable[[int], None] | None = None) -> None:
+        """Copy the local file ``local`` to object ``name`` (whole, or not at all: retried); ``sent``
+        is told the bytes as the filesystem reports them sent (progress), else the whole size at the end."""
         size = os.path.getsize(local)
-        self._request("put_file", os.fspath(local), self.full(name), where=name, nbytes=size, writing=True)
+        callback = _sent_callback(sent)
+        extra = {} if callback is None else {"callback": callback}
+        self._request("put_file", os.fspath(local), self.full(name), where=name, nbytes=size, writing=True, **extra)
+        if callback is not None:
+            callback.finish(size)
 
     def write_bytes(self, name: str, data: bytes) -> None:
         self._request("pipe_file", self.full(name), data, where=name, nbytes=len(data), writing=True)
@@ -658,11 +668,13 @@ def open_filesystem(url: str, storage_options: dict[str, Any] | None = None) -> 
     return fs, path.rstrip("/")
 
 
-def download_pack(url: str, folder: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> str:
+def download_pack(url: str, folder: str | os.PathLike[str], storage_options: dict[str, Any] | None = None,
+                  progress: bool = False) -> str:
     """Copy the whole pack at ``url`` into ``folder`` (each object by ranged requests in flight at
     once, pinned to the version listed first; a shards pack's manifest last) and return the local
     pack's path, for the commands that read every byte anyway (``verify``, ``unpack``, ``merge``).
-    A pack replaced while it is copied is refused (``PackChangedError``), never copied half and half."""
+    A pack replaced while it is copied is refused (``PackChangedError``), never copied half and half.
+    ``progress``: a bar of the megabytes copied (the wait before such a command's own work)."""
     from packload.core.errors import IncompletePackError  # noqa: PLC0415 - beside its only use
     from packload.core.format import FIELDS_NAME, INDEX_NAME, MANIFEST_NAME, shard_number  # noqa: PLC0415
 
@@ -677,7 +689,8 @@ def download_pack(url: str, folder: str | os.PathLike[str], storage_options: dic
     try:
         if kind == "object":
             info = store.info()
-            _download_to(store, "", int(info["size"]), target, tag_of(info))
+            with TransferBar(f"download {name}", int(info["size"]), progress) as sent:
+                _download_to(store, "", int(info["size"]), target, tag_of(info), sent)
             return target
         listing = store.listing()
         if MANIFEST_NAME not in listing:
@@ -686,12 +699,44 @@ def download_pack(url: str, folder: str | os.PathLike[str], storage_options: dic
         os.mkdir(target)
         wanted = sorted(n for n in listing if shard_number(n) is not None or n in (INDEX_NAME, FIELDS_NAME)) + [
             MANIFEST_NAME]
-        for item in wanted:
-            _download_to(store, item, listing[item], os.path.join(target, item), store.tags.get(item))
+        with TransferBar(f"download {name}", sum(listing[item] for item in wanted), progress) as sent:
+            for item in wanted:
+                _download_to(store, item, listing[item], os.path.join(target, item), store.tags.get(item), sent)
     except ObjectChangedError as exc:
         raise PackChangedError(f"{store.shown}: the pack changed while it was copied ({exc}); run the command "
                                "again once it is written") from None
     return target
+
+
+def _sent_callback(sent: Callable[[int], None] | None) -> Any:
+    """An fsspec ``Callback`` that tells ``sent`` each increment of bytes written (None without
+    ``sent``). A retried upload counts from zero again: what the failed attempt reported is taken
+    back. ``finish(size)`` tops the count up to ``size`` where a filesystem reports nothing."""
+    if sent is None:
+        return None
+    from fsspec.callbacks import Callback  # noqa: PLC0415 - fsspec is the object-store extra
+
+    class Sent(Callback):  # type: ignore[misc] - fsspec is untyped
+        reported = 0
+
+        def set_size(self, size: int) -> None:  # each attempt begins by sizing its transfer
+            if self.reported:
+                sent(-self.reported)
+                self.reported = 0
+            self.value = 0
+            super().set_size(size)
+
+        def call(self, hook_name: str | None = None, **kwargs: Any) -> None:
+            if self.value > self.reported:
+                sent(self.value - self.reported)
+                self.reported = self.value
+
+        def finish(self, size: int) -> None:
+            if size > self.reported:
+                sent(size - self.reported)
+                self.reported = size
+
+    return Sent()
 
 
 def url_name(url: str) -> str:
@@ -700,9 +745,30 @@ def url_name(url: str) -> str:
     return path.rsplit("/", 1)[-1] if "/" in path else ""
 
 
-def _download_to(store: RemoteStore, name: str, size: int, path: str, tag: str | None = None) -> None:
+class TransferBar:
+    """A bar (``progress_bar``) of ``size`` bytes moved, counted in MB, for an upload or a download:
+    call it with each increment of bytes. Threads may call it at once (transfers run on pools)."""
+
+    def __init__(self, desc: str, size: int, progress: bool) -> None:
+        self.bar = progress_bar(total=size / 1e6, desc=desc, unit="MB", disable=not progress)
+        self.lock = threading.Lock()
+
+    def __call__(self, nbytes: int) -> None:
+        with self.lock:
+            self.bar.update(nbytes / 1e6)
+
+    def __enter__(self) -> TransferBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self.lock:
+            self.bar.close()
+
+
+def _download_to(store: RemoteStore, name: str, size: int, path: str, tag: str | None = None,
+                 sent: Callable[[int], None] | None = None) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
     try:
-        store.download(name, size, fd, tag)
+        store.download(name, size, fd, tag, sent)
     finally:
         os.close(fd)
