@@ -37,7 +37,7 @@ def test_stall_prep_bound_names_cpu_preparation():
     report = measure_stall(sleepy_plan(), DummyStep(step_ms=1.0, device="cpu"), batch_size=8, workers=2,
                            max_batches=8)
     # two workers sleeping 10 ms per sample deliver at most 200 samples/s
-    assert 20 < report["prepare"]["samples_per_s"] <= 200 * 1.1
+    assert 0 < report["prepare"]["samples_per_s"] <= 200 * 1.1  # sleeps bound it from above only
     assert report["step"]["samples_per_s"] == pytest.approx(8000)
     assert report["fetch"] is None and report["eviction"] is None
     assert report["bottleneck"] == "cpu_preparation" and report["shares"]["prep_stall"] > 0.5
