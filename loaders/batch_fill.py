@@ -140,7 +140,7 @@ class RawGather:
 def fill_decoded(reader: PackReader, positions: Sequence[int], payloads: Sequence[memoryview], out: torch.Tensor,
                  *, crop: CenterCrop | RandomResizedCrop | None, fast_jpeg: bool = True, exif_transpose: bool = False,
                  replace: Replace | None = None, fast_idct: bool = False, draws: Draws | None = None,
-                 mirror: np.ndarray | None = None) -> list[int]:
+                 mirror: np.ndarray | None = None, rows: np.ndarray | None = None) -> list[int]:
     """Decode each payload into its slot of ``out`` (B×3×H×W uint8, any memory layout): cropped
     and resized by ``crop``, or copied as it is when every image already has the batch's size.
     ``payloads`` are the reader's views of records ``positions`` (``reader.payloads``).
@@ -149,7 +149,8 @@ def fill_decoded(reader: PackReader, positions: Sequence[int], payloads: Sequenc
     ``replace``, is swapped for the record ``replace(index, error)`` gives (a ``RandomResizedCrop``
     then draws the replacement's box with the replaced record's key). ``fast_idct`` decodes JPEGs
     with libjpeg-turbo's fast integer IDCT; ``draws`` keys a ``RandomResizedCrop``'s boxes;
-    ``mirror`` (a bool per slot) mirrors those slots horizontally.
+    ``mirror`` (a bool per record) mirrors those images horizontally. ``rows``: the slot of ``out``
+    each record goes to (default: record ``k`` to slot ``k``), for a part of a larger batch.
     Returns the record numbers whose images fill the batch (``positions`` unless some were replaced)."""
     chosen = [int(index) for index in positions]
     if len(chosen) != len(payloads):
@@ -161,7 +162,7 @@ def fill_decoded(reader: PackReader, positions: Sequence[int], payloads: Sequenc
     fast: CropFill | None = None
     mirrored = np.zeros(len(chosen), dtype=bool)  # slots already mirrored (by the batch decoder)
     if crop is not None and chosen and out.is_contiguous(memory_format=torch.channels_last):
-        fast = CropFill(reader, chosen, crop, boxes, out, fast_jpeg, exif_transpose, fast_idct)
+        fast = CropFill(reader, chosen, crop, boxes, out, fast_jpeg, exif_transpose, fast_idct, rows)
         mirrored = fast.fill_batch(mirror)
     for k in (range(len(chosen)) if fast is None else np.flatnonzero(~fast.done).tolist()):
         view = payloads[k]
@@ -181,7 +182,7 @@ def fill_decoded(reader: PackReader, positions: Sequence[int], payloads: Sequenc
                 if boxed:
                     heights, widths = upright_sizes(reader, [index], exif_transpose)
                     box = crop.box(int(heights[0]), int(widths[0]), key, draws)
-        slot = out[k]
+        slot = out[k if rows is None else int(rows[k])]
         if boxed:
             heights, widths = upright_sizes(reader, [index], exif_transpose)
             crop_box_into(pixels, scaled_box(box, int(heights[0]), int(widths[0]), *pixels.shape[:2]), slot)
@@ -192,7 +193,12 @@ def fill_decoded(reader: PackReader, positions: Sequence[int], payloads: Sequenc
                              f"{slot.shape[1]}x{slot.shape[2]}; give a crop (or a transform) that makes one size")
         else:
             np.copyto(slot.numpy(), pixels.transpose(2, 0, 1))
-    mirror_rows(out, mirror & ~mirrored)
+    if rows is None:
+        mirror_rows(out, mirror & ~mirrored)
+    else:
+        in_out = np.zeros(len(out), dtype=bool)
+        in_out[np.asarray(rows, dtype=np.int64)] = mirror & ~mirrored
+        mirror_rows(out, in_out)
     return chosen
 
 

@@ -39,13 +39,14 @@ from packload.loaders.read import PackReader
 
 
 class CropFill:
-    """Fills the slots of ``out`` (a channels-last B×3×S×S batch) with the crops of records
+    """Fills the slots of ``out`` (a channels-last N×3×S×S batch) with the crops of records
     ``positions``: ``crop``'s windows for a ``CenterCrop``, ``boxes`` (B×4: top, left, height,
-    width, in the stored images) for a ``RandomResizedCrop``."""
+    width, in the stored images) for a ``RandomResizedCrop``. Record ``k`` goes to slot ``k``, or
+    to slot ``rows[k]`` when ``rows`` is given (a part of a larger batch: a mix's pack)."""
 
     def __init__(self, reader: PackReader, positions: list[int], crop: CenterCrop | RandomResizedCrop,
                  boxes: np.ndarray | None, out: torch.Tensor, jpeg: bool, exif_transpose: bool,
-                 fast_idct: bool) -> None:
+                 fast_idct: bool, rows: np.ndarray | None = None) -> None:
         entries = reader.entries[np.asarray(positions, dtype=np.int64)]
         heights, widths = entries["height"].astype(np.int64), entries["width"].astype(np.int64)
         upright = entries["orientation"] == 0 if exif_transpose else np.ones(len(positions), dtype=bool)
@@ -72,6 +73,7 @@ class CropFill:
         self.scratch_bytes = int(need.max()) if len(need) else 0
         self.kernel = resize_kernel.available() and bool(len(positions)) and interleaved(out)
         self.reader, self.positions, self.out = reader, np.asarray(positions, dtype=np.int64), out
+        self.out_rows = np.arange(len(positions), dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
         self.done = np.zeros(len(positions), dtype=bool)  # filled by fill_batch
 
     def boxes(self, rows: np.ndarray, got_heights: np.ndarray, got_widths: np.ndarray) -> np.ndarray:
@@ -93,7 +95,7 @@ class CropFill:
             return mirrored
         scales = self.scales[rows]
         boxes = self.boxes(rows, -(-self.heights[rows] * scales // 8), -(-self.widths[rows] * scales // 8))
-        done = fill_jpegs(self.reader, self.positions[rows], rows, scales, boxes, self.out, mirror[rows],
+        done = fill_jpegs(self.reader, self.positions[rows], self.out_rows[rows], scales, boxes, self.out, mirror[rows],
                           self.fast_idct, self.raw[rows])
         self.done[rows[done]] = True
         mirrored[rows[done]] = mirror[rows[done]]
@@ -106,9 +108,13 @@ class CropFill:
                 self.scales.tolist())
 
     @cached_property
-    def slots(self) -> tuple[torch.Tensor, ...]:
-        """1×3×S×S channels-last views of the batch, one per image (made when one is needed)."""
+    def _views(self) -> tuple[torch.Tensor, ...]:
+        """1×3×S×S channels-last views of the batch, one per slot (made when one is needed)."""
         return self.out.split(1)
+
+    def slot(self, k: int) -> torch.Tensor:
+        """The slot of image ``k``."""
+        return self._views[int(self.out_rows[k])]
 
     @cached_property
     def scratch(self) -> np.ndarray:
@@ -154,9 +160,9 @@ class CropFill:
         else:
             return False
         if (box_h, box_w) == (self.crop.size, self.crop.size):
-            self.slots[k].copy_(source)
+            self.slot(k).copy_(source)
         else:
-            resize(source, self.slots[k])
+            resize(source, self.slot(k))
         return True
 
     def _resize(self, source: int, row_bytes: int, box_h: int, box_w: int, k: int) -> bool:
@@ -165,5 +171,5 @@ class CropFill:
         size = self.crop.size
         if not self.kernel or (box_h, box_w) == (size, size):
             return False
-        slot = self.slots[k]
+        slot = self.slot(k)
         return resize_kernel.resize_region(source, row_bytes, box_h, box_w, slot.data_ptr(), slot.stride(2), size, size)

@@ -186,7 +186,8 @@ class PackedImageFolder(Dataset):
     def get_batch(self, indices: Sequence[int], channels_last: bool = False, *,
                   crop: CenterCrop | RandomResizedCrop | None = None, pin_memory: bool = False,
                   fast_idct: bool = False, flip: bool | float = False,
-                  draws: Draws | None = None, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  draws: Draws | None = None, out: torch.Tensor | None = None,
+                  rows: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Read, decode and stack a whole batch: ``(B×3×H×W uint8, B int64)`` in one call.
 
         The fast path for training loops (``PackLoader`` and ``batch_loader`` use it): every image
@@ -201,7 +202,9 @@ class PackedImageFolder(Dataset):
         ``flip`` mirrors images horizontally with that probability (True: 0.5); ``draws`` (seed,
         epoch, rank) keys a ``RandomResizedCrop``'s boxes and the flips, with each record's index.
         ``out``: a cropped batch is written into it when it has the batch's shape and layout (a batch
-        that nothing else refers to any more: ``PackLoader`` reuses its batches).
+        that nothing else refers to any more: ``PackLoader`` reuses its batches). ``rows`` (with a
+        ``crop`` and an ``out``): the row of ``out`` each image goes to, the batch being a part of
+        ``out`` (a mix's pack writing its rows of the mixed batch, no copy); ``out`` is returned.
         """
         flip = flip_probability(flip)
         crop = check_crop(crop)  # a string or a torchvision transform: one line here, not an AttributeError later
@@ -210,6 +213,8 @@ class PackedImageFolder(Dataset):
         if crop is not None:  # a batch larger than the memory there is: one line, not torch's allocation error
             check_batch_memory(len(positions), crop.size, "crop size")
         draws = draws or Draws()
+        if rows is not None:
+            return self._decode_rows(reader, positions, crop, channels_last, out, rows, fast_idct, draws, flip)
         if crop is None and self.transform is not None:  # the caller's transform decides the size
             items = self.__getitems__(positions.tolist())
             batch, labels = collate_uint8(items if self._target is None else [(image, 0) for image, _ in items],
@@ -231,6 +236,25 @@ class PackedImageFolder(Dataset):
         if flip:
             mirror_rows(batch, flips(positions, draws, flip))
         return batch, labels
+
+    def _decode_rows(self, reader: PackReader, positions: np.ndarray, crop: CenterCrop | RandomResizedCrop | None,
+                     channels_last: bool, out: torch.Tensor | None, rows: np.ndarray, fast_idct: bool, draws: Draws,
+                     flip: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """``get_batch`` with ``rows``: the images cropped into those rows of ``out``."""
+        rows = np.asarray(rows, dtype=np.int64)
+        layout = torch.channels_last if channels_last else torch.contiguous_format
+        if crop is None or out is None or len(rows) != len(positions) or out.dtype != torch.uint8 \
+                or tuple(out.shape[1:]) != (3, crop.size, crop.size) or not out.is_contiguous(memory_format=layout) \
+                or (len(rows) and (rows.min() < 0 or rows.max() >= len(out))):
+            raise ValueError("rows= needs a crop and an out batch of the crop's size and layout that holds those "
+                             "rows, one per index")
+        mirror = flips(positions, draws, flip) if flip else None
+        chosen, views = self._payloads(reader, positions)
+        chosen = fill_decoded(reader, chosen, views, out, crop=crop, fast_jpeg=self.fast_jpeg,
+                              exif_transpose=self.exif_transpose, replace=self._replacer(reader), fast_idct=fast_idct,
+                              draws=draws, mirror=mirror, rows=rows)
+        labels = torch.from_numpy(reader.entries["label"][np.asarray(chosen, dtype=np.int64)].astype(np.int64))
+        return out, self._batch_targets(reader, chosen, labels)
 
     def get_encoded_batch(self, indices: Sequence[int], *,
                           pin_memory: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

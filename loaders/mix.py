@@ -11,7 +11,6 @@ and resume. Labels follow ``loaders/mix_classes.py``. docs/MIXING.md has the who
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -91,7 +90,6 @@ class MixedPacks(Dataset):
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
         self.targets = [target + int(self.label_offsets[p]) for p, dataset in enumerate(self.datasets)
                         for target in dataset.targets]
-        self._local = threading.local()  # each thread's staging batch (get_batch)
 
     # -- where an index lives ----------------------------------------------------------------
     def __len__(self) -> int:
@@ -161,9 +159,9 @@ class MixedPacks(Dataset):
         """``(B×3×H×W uint8, B int64)`` for the mix's ``indices``, as ``PackedImageFolder.get_batch``.
 
         Each pack builds its rows with its own ``get_batch`` (same crop, flip and options; the draws
-        keyed by ``draws_of(pack, draws)`` and the record's number in its pack), and the rows go into
-        one batch in the order asked (``out`` when it fits, as for a pack). A batch from one pack
-        alone is that pack's batch, uncopied. Labels are the mix's."""
+        keyed by ``draws_of(pack, draws)`` and the record's number in its pack) in the order asked:
+        with a crop, each pack decodes straight into its rows of one batch (``out`` when it fits, as
+        for a pack); without one, each pack's images are copied into theirs. Labels are the mix's."""
         packs, records = self.locate(indices)
         draws = draws or Draws()
         groups = self._groups(packs)
@@ -173,17 +171,25 @@ class MixedPacks(Dataset):
             images, labels = self.datasets[pack].get_batch(records, channels_last, **options,
                                                            draws=self.draws_of(pack, draws), out=out)
             return images, self._shifted(labels, pack)
-        # Each pack writes its rows into this thread's staging batch (reused: no fresh pages to fault
-        # in), copied at once into their rows of the batch, in the order asked.
-        staging = self._staging(max(len(rows) for _, rows in groups), crop, channels_last) if crop else None
-        layout = torch.channels_last if channels_last else torch.contiguous_format
         pin = pin_memory and torch.cuda.is_available()
         labels = torch.empty(len(records), dtype=torch.int64, pin_memory=pin)
+        if crop is not None:  # each pack decodes straight into its rows of the batch: no copy
+            layout = torch.channels_last if channels_last else torch.contiguous_format
+            shape = (len(records), 3, crop.size, crop.size)
+            if out is None or out.shape != shape or out.dtype != torch.uint8 or not out.is_contiguous(memory_format=layout):
+                out = torch.empty(shape, dtype=torch.uint8, memory_format=layout, pin_memory=pin)
+            for pack, rows in groups:
+                _, part_labels = self.datasets[pack].get_batch(records[rows], channels_last, **options,
+                                                               draws=self.draws_of(pack, draws), out=out, rows=rows)
+                labels.numpy()[rows] = part_labels.numpy() + self.label_offsets[pack]
+            return out, labels
+        # Without a crop, each pack's images (one size) are copied into their rows of the batch, in
+        # the order asked.
+        layout = torch.channels_last if channels_last else torch.contiguous_format
         first: tuple[str, tuple[int, ...]] | None = None
         for pack, rows in groups:
-            images, part_labels = self.datasets[pack].get_batch(
-                records[rows], channels_last, **options, draws=self.draws_of(pack, draws),
-                out=staging[: len(rows)] if staging is not None else None)
+            images, part_labels = self.datasets[pack].get_batch(records[rows], channels_last, **options,
+                                                                draws=self.draws_of(pack, draws))
             if first is None:
                 first = (self.names[pack], tuple(images.shape[1:]))
                 shape = (len(records), *first[1])
@@ -198,18 +204,6 @@ class MixedPacks(Dataset):
             _rows(out, channels_last, view=True).numpy()[rows] = _rows(images, channels_last).numpy()
             labels.numpy()[rows] = part_labels.numpy() + self.label_offsets[pack]
         return out, labels
-
-    def _staging(self, count: int, crop: CenterCrop | RandomResizedCrop, channels_last: bool) -> torch.Tensor:
-        """This thread's staging batch for ``count`` crops (grown when too small, else reused): one
-        pack's part of a batch at a time, so at most a batch's memory per thread."""
-        local = self._local
-        layout = torch.channels_last if channels_last else torch.contiguous_format
-        held = getattr(local, "staging", None)
-        if held is None or held.shape[0] < count or held.shape[2:] != (crop.size, crop.size) \
-                or not held.is_contiguous(memory_format=layout):
-            held = torch.empty((count, 3, crop.size, crop.size), dtype=torch.uint8, memory_format=layout)
-            local.staging = held
-        return held[:count]
 
     def get_encoded_batch(self, indices: Sequence[int], *,
                           pin_memory: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -285,15 +279,6 @@ class MixedPacks(Dataset):
         """Let go of every pack's files in this process (the next read opens them again)."""
         for dataset in self.datasets:
             dataset.close()
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        del state["_local"]  # staging batches stay with the threads that filled them
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._local = threading.local()
 
     def __repr__(self) -> str:
         packs = ", ".join(f"{name}: {size} records, weight {weight:.3g}"

@@ -157,3 +157,38 @@ def test_skipping_damaged_records_skips_a_mismatched_one_alike_on_every_route(ph
     (first, first_labels), (second, second_labels) = batches
     assert torch.equal(first, second) and torch.equal(first_labels, second_labels)
     assert torch.equal(first[record], first[(record + 1) % len(ds)]), "the next intact record took its place"
+
+
+@pytest.mark.parametrize("crop", CROPS[:1] + CROPS[3:4], ids=repr)
+@pytest.mark.parametrize("decoder", ["batch", "one by one"])
+def test_rows_put_a_batch_into_chosen_rows_of_a_larger_one(photos: Path, crop: object, decoder: str) -> None:
+    """``get_batch(..., out=, rows=)`` (a mix's pack writing its part of a mixed batch): each image,
+    mirrored or not, lands in its row, exactly as in the batch of those records alone, and the other
+    rows are left as they were; a PNG among them takes the general route into its row too."""
+    ds = PackedImageFolder(photos / "p.shards")
+    picked = np.array([3, 0, len(ds) - 1, 7, 10])  # the PNG is among the last records
+    draws = Draws(seed=4, epoch=2)
+    want, labels = ds.get_batch(picked, True, crop=crop, flip=getattr(crop, "flip", 0.0), draws=draws)
+    out = torch.full((9, 3, crop.size, crop.size), 77, dtype=torch.uint8).contiguous(memory_format=torch.channels_last)
+    rows = np.array([8, 1, 4, 0, 6])
+    jpeg_kernel.set_enabled(decoder == "batch")
+    try:
+        got, got_labels = ds.get_batch(picked, True, crop=crop, flip=getattr(crop, "flip", 0.0), draws=draws, out=out,
+                                       rows=rows)
+    finally:
+        jpeg_kernel.set_enabled(True)
+    assert got is out
+    assert torch.equal(out[torch.from_numpy(rows)], want) and torch.equal(got_labels, labels)
+    untouched = np.setdiff1d(np.arange(9), rows)
+    assert bool((out[torch.from_numpy(untouched)] == 77).all())
+
+
+def test_rows_need_a_batch_that_holds_them(photos: Path) -> None:
+    ds = PackedImageFolder(photos / "p.shards")
+    out = torch.empty((2, 3, 48, 48), dtype=torch.uint8).contiguous(memory_format=torch.channels_last)
+    for kwargs in ({"crop": CenterCrop(48), "out": out, "rows": np.array([0, 2])},  # row 2 is not there
+                   {"crop": None, "out": out, "rows": np.array([0, 1])},  # no crop
+                   {"crop": CenterCrop(32), "out": out, "rows": np.array([0, 1])},  # not the crop's size
+                   {"crop": CenterCrop(48), "out": None, "rows": np.array([0, 1])}):
+        with pytest.raises(ValueError, match="rows="):
+            ds.get_batch([0, 1], True, **kwargs)
