@@ -369,7 +369,7 @@ class BlockCache:
         if len(data) + RECORD_ALLOWANCE > self.limit or not len(data):
             return False
         try:
-            writing = self.reserve(pack, identity, len(data))
+            writing = self.reserve(pack, identity, len(data), within_limit=True)
         except OSError:
             return False
         try:
@@ -383,9 +383,11 @@ class BlockCache:
             return False
         return True
 
-    def reserve(self, pack: str, identity: str, size: int) -> Reservation:
+    def reserve(self, pack: str, identity: str, size: int, within_limit: bool = False) -> Reservation:
         """Make room for an entry of ``size`` bytes and open its temporary file (``Reservation``: write
-        into ``fd``, then ``commit``). OSError when it cannot fit or be written."""
+        into ``fd``, then ``commit``). OSError when it cannot fit or be written; with ``within_limit``,
+        also when the writes under way (which cannot be evicted) leave no room for it now, so that
+        the cache never holds more than its limit (a block is then kept in memory only)."""
         if size + RECORD_ALLOWANCE > self.limit:
             raise OSError(errno.EFBIG, f"{size:,} bytes do not fit a cache limited to {self.limit:,}")
         folder = self._pack_fd(pack, create=True)
@@ -394,7 +396,9 @@ class BlockCache:
         name = entry_name(identity)
         tmp = f"{name}{DATA_SUFFIX}{_TMP_MARK}{os.getpid()}-{threading.get_ident()}"
         with self._lock, self._folder_lock() as lock:
-            self._make_room(lock, size + RECORD_ALLOWANCE)
+            if not self._make_room(lock, size + RECORD_ALLOWANCE, within_limit):
+                raise OSError(errno.EFBIG, f"{size:,} bytes do not fit the cache's limit of {self.limit:,} now: "
+                                           "other writes under way take the room")
             try:
                 os.unlink(tmp, dir_fd=folder)  # a leftover of this very thread id of a dead process
             except FileNotFoundError:
@@ -408,15 +412,22 @@ class BlockCache:
                 raise
         return Reservation(self, pack, folder, name, tmp, fd, identity, size)
 
-    def _make_room(self, lock: _FileLock, size: int) -> None:
-        """Room for ``size`` more bytes. The folder's lock file records the bytes the entries take, so
-        a write that fits needs no look at the folder; one that does not (or a record missing or
-        larger than the truth, after files were deleted by hand) walks it, deletes, and records anew."""
+    def _make_room(self, lock: _FileLock, size: int, within_limit: bool = False) -> bool:
+        """Room for ``size`` more bytes; False (nothing claimed) where ``within_limit`` and what cannot
+        be deleted (writes under way) leaves too little. The folder's lock file records the bytes the
+        entries take, so a write that fits needs no look at the folder; one that does not (or a record
+        missing or larger than the truth, after files were deleted by hand) walks it, deletes, and
+        records anew."""
         recorded = lock.read_number()
         if recorded is not None and recorded + size <= self.limit:
             lock.write_number(recorded + size)
-            return
-        lock.write_number(self.make_room(size) + size)
+            return True
+        total = self.make_room(size)
+        if within_limit and total + size > self.limit:
+            lock.write_number(total)
+            return False
+        lock.write_number(total + size)
+        return True
 
     def make_room(self, size: int) -> int:
         """Delete the least recently used entries until ``size`` more bytes fit under the limit, with
@@ -578,8 +589,11 @@ class Reservation:
                 os.write(fd, record)
             finally:
                 os.close(fd)
-            os.replace(record_tmp, self.name + RECORD_SUFFIX, src_dir_fd=self.folder, dst_dir_fd=self.folder)
-            os.replace(self.tmp, self.name + DATA_SUFFIX, src_dir_fd=self.folder, dst_dir_fd=self.folder)
+            # Under the folder's lock: a walk (make_room) sees the entry either as a write under way or
+            # as an entry, never between the two, when it would count it as neither and overfill.
+            with self.cache._lock, self.cache._folder_lock():
+                os.replace(record_tmp, self.name + RECORD_SUFFIX, src_dir_fd=self.folder, dst_dir_fd=self.folder)
+                os.replace(self.tmp, self.name + DATA_SUFFIX, src_dir_fd=self.folder, dst_dir_fd=self.folder)
             try:
                 info = os.stat(self.name + DATA_SUFFIX, dir_fd=self.folder, follow_symlinks=False)
                 if info.st_ino == inode:

@@ -103,6 +103,35 @@ def test_reserve_counts_before_it_is_written(tmp_path):
     assert cache.used() <= 2000
 
 
+def test_a_block_that_writes_under_way_leave_no_room_for_is_kept_in_memory_only(tmp_path):
+    """Writes under way cannot be evicted: a block that does not fit beside them is not kept (its
+    bytes serve from memory), rather than the cache holding more than its limit."""
+    cache = BlockCache(tmp_path, limit=2000)
+    writing = cache.reserve(P, "first", 1200)  # under way, in another thread or process
+    assert cache.put(P, "second", b"s" * 1000) is False and not cache.has(P, "second", 1000)
+    os.pwrite(writing.fd, b"f" * 1200, 0)
+    writing.commit()
+    assert cache.put(P, "third", b"t" * 200) is True  # what fits still goes in
+    assert cache.used() <= 2000 and bytes(cache.read(P, "first", 1200)) == b"f" * 1200
+
+
+def test_commits_and_walks_never_interleave(tmp_path):
+    """An entry is put in place under the folder's lock: a walk that makes room (holding it) sees
+    the entry as a write under way or as an entry, never as neither (which let the cache overfill
+    when two processes wrote blocks at once)."""
+    cache = BlockCache(tmp_path, limit=4000)
+    writing = cache.reserve(P, "block", 1000)
+    os.pwrite(writing.fd, b"b" * 1000, 0)
+    committed = threading.Event()
+    with cache._folder_lock():  # a walk under way elsewhere
+        thread = threading.Thread(target=lambda: (writing.commit(), committed.set()))
+        thread.start()
+        assert not committed.wait(0.3), "the commit went ahead while the folder was locked"
+        assert cache.writing_bytes() == 1000 and not cache.has(P, "block", 1000)
+    thread.join(10)
+    assert committed.is_set() and cache.has(P, "block", 1000) and cache.writing_bytes() == 0
+
+
 def test_a_folder_that_cannot_be_used_keeps_nothing_and_says_why(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_bytes(b"")
