@@ -20,19 +20,18 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from packload.core.errors import ChecksumError, PackChangedError, PackFormatError, UsageError
-from packload.core.format import FORMAT_CODE
+from packload.core.errors import ChecksumError, PackChangedError, PackFormatError
 from packload.core.remote import is_url
 from packload.core.urls import display_url
-from packload.loaders.batch_fill import RawGather, Replace, fill_decoded
-from packload.loaders.collate import collate_encoded, collate_uint8
-from packload.loaders.crop import CenterCrop, mirror_rows
+from packload.loaders.batch_engine import BatchEngine
+from packload.loaders.collate import collate_uint8
+from packload.loaders.crop import CenterCrop
 from packload.loaders.decode import DECODE_ERRORS, decode_array, decode_failure, decode_pil, to_output
 from packload.loaders.decode_threads import DecodeThreads
 from packload.loaders.fields import FieldColumn, PackFields, Target, TargetSpec, field_types
 from packload.loaders.hints import PackHints
-from packload.loaders.params import check_batch_memory, check_decode_size
-from packload.loaders.random_crop import Draws, RandomResizedCrop, check_crop, flip_probability, flips
+from packload.loaders.params import check_decode_size
+from packload.loaders.random_crop import Draws, RandomResizedCrop
 from packload.loaders.read import PackReader
 from packload.loaders.sampler import PackSampler, Prefetch, default_rank
 
@@ -95,7 +94,8 @@ class PackedImageFolder(Dataset):
         if on_error not in ON_ERROR:
             raise ValueError(f"unknown on_error {on_error!r}; choose raise or skip")
         self.root: Path | str = str(root).rstrip("/") if is_url(root) else Path(root)
-        self._shown = display_url(str(self.root)) if is_url(root) else str(self.root)  # in messages: no secrets
+        # The pack as messages name it (a URL without its secrets).
+        self.shown: str = display_url(str(self.root)) if is_url(root) else str(self.root)
         # Where a pack at a URL is cached; each process's reader is opened with them.
         self._remote_options: dict[str, Any] = {"cache_dir": cache_dir, "cache_limit": cache_limit,
                                                 "storage_options": storage_options,
@@ -128,7 +128,7 @@ class PackedImageFolder(Dataset):
         self.class_to_idx: dict[str, int] = {name: i for i, name in enumerate(self.classes)}
         # A pack at a URL stays open: forked DataLoader workers carry its manifest and index over.
         self._reader: PackReader | None = reader if reader.ranged else None
-        self._gather: RawGather | None = None
+        self._engine: BatchEngine | None = None  # makes whole batches (get_batch), per process
         self._fields: PackFields | None = None
         self._draws = Draws()
         self._decode_threads = DecodeThreads(decode_threads)
@@ -206,55 +206,8 @@ class PackedImageFolder(Dataset):
         ``crop`` and an ``out``): the row of ``out`` each image goes to, the batch being a part of
         ``out`` (a mix's pack writing its rows of the mixed batch, no copy); ``out`` is returned.
         """
-        flip = flip_probability(flip)
-        crop = check_crop(crop)  # a string or a torchvision transform: one line here, not an AttributeError later
-        reader = self.reader()
-        positions = reader.positions(indices)
-        if crop is not None:  # a batch larger than the memory there is: one line, not torch's allocation error
-            check_batch_memory(len(positions), crop.size, "crop size")
-        draws = draws or Draws()
-        if rows is not None:
-            return self._decode_rows(reader, positions, crop, channels_last, out, rows, fast_idct, draws, flip)
-        if crop is None and self.transform is not None:  # the caller's transform decides the size
-            items = self.__getitems__(positions.tolist())
-            batch, labels = collate_uint8(items if self._target is None else [(image, 0) for image, _ in items],
-                                          pin_memory=pin_memory)
-            if self._target is not None:  # targets read (and transformed) with their images
-                labels = self._target.collate([target for _, target in items])
-            batch = batch.contiguous(memory_format=torch.channels_last) if channels_last else batch
-        elif crop is None and self.encoding == "raw" and not self.exif_transpose:
-            try:
-                batch, labels = self._gather_batch(reader, positions, channels_last, pin_memory)
-            except ChecksumError:
-                if self.on_error == "raise":
-                    raise  # else decode record by record below, replacing the damaged ones
-                batch, labels = self._decode_batch(reader, positions, crop, channels_last, pin_memory)
-        else:  # the decode mirrors the images itself (the batch decoder while the slot is in cache)
-            mirror = flips(positions, draws, flip) if flip else None
-            return self._decode_batch(reader, positions, crop, channels_last, pin_memory,
-                                      out if crop is not None else None, fast_idct, draws, mirror)
-        if flip:
-            mirror_rows(batch, flips(positions, draws, flip))
-        return batch, labels
-
-    def _decode_rows(self, reader: PackReader, positions: np.ndarray, crop: CenterCrop | RandomResizedCrop | None,
-                     channels_last: bool, out: torch.Tensor | None, rows: np.ndarray, fast_idct: bool, draws: Draws,
-                     flip: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """``get_batch`` with ``rows``: the images cropped into those rows of ``out``."""
-        rows = np.asarray(rows, dtype=np.int64)
-        layout = torch.channels_last if channels_last else torch.contiguous_format
-        if crop is None or out is None or len(rows) != len(positions) or out.dtype != torch.uint8 \
-                or tuple(out.shape[1:]) != (3, crop.size, crop.size) or not out.is_contiguous(memory_format=layout) \
-                or (len(rows) and (rows.min() < 0 or rows.max() >= len(out))):
-            raise ValueError("rows= needs a crop and an out batch of the crop's size and layout that holds those "
-                             "rows, one per index")
-        mirror = flips(positions, draws, flip) if flip else None
-        chosen, views = self._payloads(reader, positions)
-        chosen = fill_decoded(reader, chosen, views, out, crop=crop, fast_jpeg=self.fast_jpeg,
-                              exif_transpose=self.exif_transpose, replace=self._replacer(reader), fast_idct=fast_idct,
-                              draws=draws, mirror=mirror, rows=rows)
-        labels = torch.from_numpy(reader.entries["label"][np.asarray(chosen, dtype=np.int64)].astype(np.int64))
-        return out, self._batch_targets(reader, chosen, labels)
+        return self._batches().get_batch(indices, channels_last, crop=crop, pin_memory=pin_memory, fast_idct=fast_idct,
+                                         flip=flip, draws=draws, out=out, rows=rows)
 
     def get_encoded_batch(self, indices: Sequence[int], *,
                           pin_memory: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -264,53 +217,28 @@ class PackedImageFolder(Dataset):
         For decoding elsewhere (for example nvJPEG on the GPU), or for moving packs' bytes at the
         speed of the disk: one copy per batch, nothing per sample. ``verify`` and ``on_error`` apply.
         """
-        reader = self.reader()
-        positions = reader.positions(indices)
-        chosen, views = self._payloads(reader, positions)
-        labels = reader.entries["label"][np.asarray(chosen, dtype=np.int64)].tolist()
-        data, offsets, classes = collate_encoded(list(zip(views, labels, strict=True)), pin_memory=pin_memory)
-        return data, offsets, self._batch_targets(reader, chosen, classes)
+        return self._batches().get_encoded_batch(indices, pin_memory=pin_memory)
 
-    def _gather_batch(self, reader: PackReader, positions: np.ndarray, channels_last: bool,
-                      pin_memory: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """A raw batch copied straight from the memory map (no decode)."""
-        pin = pin_memory and torch.cuda.is_available()
-        plan = self._raw_gather(reader)
-        if pin or self.verify or plan.size is None:
-            height, width = plan.size if plan.size is not None else self._batch_size_of(reader, positions, None)
-            hwc = torch.empty((len(positions), height, width, 3), dtype=torch.uint8, pin_memory=pin and channels_last)
-            plan(positions, hwc.numpy(), self.verify)
-        else:
-            hwc = torch.from_numpy(plan(positions))
-        images = hwc.permute(0, 3, 1, 2)
-        if not channels_last:
-            images = torch.empty(images.shape, dtype=torch.uint8, pin_memory=pin).copy_(images)
-        labels = torch.from_numpy(plan.labels[positions])
-        return images, self._batch_targets(reader, positions, labels.pin_memory() if pin else labels)
+    def _batches(self) -> BatchEngine:
+        """The engine that makes this dataset's whole batches (made on first use in each process)."""
+        if self._engine is None:
+            self._engine = BatchEngine(self)
+        return self._engine
 
-    def _decode_batch(self, reader: PackReader, positions: np.ndarray, crop: CenterCrop | RandomResizedCrop | None,
-                      channels_last: bool, pin_memory: bool, images: torch.Tensor | None = None,
-                      fast_idct: bool = False, draws: Draws | None = None,
-                      mirror: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """A batch decoded (and cropped) record by record, damaged records replaced under ``on_error="skip"``;
-        written into ``images`` when it has the batch's shape and layout, else into a new tensor;
-        the slots ``mirror`` marks mirrored."""
-        pin = pin_memory and torch.cuda.is_available()
-        height, width = self._batch_size_of(reader, positions, crop)
-        count = len(positions)
-        layout = torch.channels_last if channels_last else torch.contiguous_format
-        if images is None or images.shape != (count, 3, height, width) or images.dtype != torch.uint8 \
-                or not images.is_contiguous(memory_format=layout):
-            images = torch.empty((count, 3, height, width), dtype=torch.uint8, pin_memory=pin, memory_format=layout)
-        chosen, views = self._payloads(reader, positions)
-        chosen = fill_decoded(reader, chosen, views, images, crop=crop, fast_jpeg=self.fast_jpeg,
-                              exif_transpose=self.exif_transpose, replace=self._replacer(reader), fast_idct=fast_idct,
-                              draws=draws, mirror=mirror)
-        labels = torch.from_numpy(reader.entries["label"][np.asarray(chosen, dtype=np.int64)].astype(np.int64))
-        return images, self._batch_targets(reader, chosen, labels.pin_memory() if pin else labels)
+    def transformed_batch(self, positions: np.ndarray, pin_memory: bool) -> tuple[torch.Tensor, Any]:
+        """Records ``positions`` as this dataset's samples (its ``transform`` deciding the images, one
+        size), stacked into a B×3×H×W uint8 batch, with their targets batched: ``get_batch`` without
+        a crop. For the batch engine."""
+        items = self.__getitems__(positions.tolist())
+        batch, labels = collate_uint8(items if self._target is None else [(image, 0) for image, _ in items],
+                                      pin_memory=pin_memory)
+        if self._target is not None:  # targets read (and transformed) with their images
+            labels = self._target.collate([target for _, target in items])
+        return batch, labels
 
-    def _batch_targets(self, reader: PackReader, chosen: Sequence[int] | np.ndarray, labels: torch.Tensor) -> Any:
-        """The batch's targets: ``labels`` (the class indices), or the ``target``'s, batched."""
+    def batch_targets(self, reader: PackReader, chosen: Sequence[int] | np.ndarray, labels: torch.Tensor) -> Any:
+        """The targets of records ``chosen`` (``labels``: their class indices), batched: ``labels``,
+        or the ``target``'s. For the batch engine."""
         if self._target is None:
             return labels
         return self._target.batch(self._fields_of(reader), np.asarray(chosen, dtype=np.int64))
@@ -329,73 +257,6 @@ class PackedImageFolder(Dataset):
         if name != "label" and name not in self.fields:
             raise KeyError(f"{self.root}: " + Target.missing(name, self.fields))
         return self._fields_of(self.reader()).column(name)
-
-    def _raw_gather(self, reader: PackReader) -> RawGather:
-        """The raw-batch gatherer of this process's reader (built on first use)."""
-        if self._gather is None or self._gather.reader is not reader:
-            self._gather = RawGather(reader)
-        return self._gather
-
-    def _batch_size_of(self, reader: PackReader, positions: np.ndarray,
-                       crop: CenterCrop | RandomResizedCrop | None) -> tuple[int, int]:
-        """(height, width) of the batch: the crop's, or the one size every record has."""
-        if crop is not None:
-            return crop.size, crop.size
-        entries = reader.entries[positions]
-        heights, widths = entries["height"], entries["width"]
-        if self.exif_transpose:  # orientations 5-8 are stored sideways
-            sideways = np.isin(entries["orientation"], (5, 6, 7, 8))
-            heights, widths = np.where(sideways, widths, heights), np.where(sideways, heights, widths)
-        if len(positions) and ((heights != heights[0]).any() or (widths != widths[0]).any()):
-            raise UsageError(f"{self._shown}: images of different sizes cannot share a batch; pack with "
-                             "--size HxW, or give a crop (or a transform) that makes one size")
-        if not len(positions):
-            return 0, 0
-        height, width = int(heights[0]), int(widths[0])
-        limit = Image.MAX_IMAGE_PIXELS  # decoded images are refused past it: no batch is allocated for them
-        if limit and height * width > 2 * limit and (entries["format"] != FORMAT_CODE["raw"]).any():
-            raise PackFormatError(f"{reader.where(int(positions[0]))}: the index gives {width}x{height} pixels, "
-                                  f"more than the decompression-bomb limit ({2 * limit} pixels); if the images are "
-                                  "genuine, raise PIL.Image.MAX_IMAGE_PIXELS on purpose before reading")
-        return height, width
-
-    def _replacer(self, reader: PackReader) -> Replace | None:
-        """With ``on_error="skip"``: the next intact record after a damaged one (None: raise)."""
-        if self.on_error == "raise":
-            return None
-
-        def replace(index: int, error: Exception) -> tuple[int, memoryview]:
-            warnings.warn(f"skipping damaged {reader.where(index)}: {error}", stacklevel=4)
-            chosen, views = self._intact(reader, [(index + 1) % len(self)])
-            return chosen[0], views[0]
-
-        return replace
-
-    def _payloads(self, reader: PackReader, positions: np.ndarray) -> tuple[list[int], list[memoryview]]:
-        """The records' payloads (checked under ``verify``); under ``on_error="skip"`` a damaged one's
-        place goes to the next intact record. Returns the record numbers used and their payloads."""
-        try:
-            return positions.tolist(), reader.payloads(positions, verify=self.verify)
-        except ChecksumError:
-            if self.on_error == "raise":
-                raise
-            return self._intact(reader, positions.tolist())
-
-    def _intact(self, reader: PackReader, positions: list[int]) -> tuple[list[int], list[memoryview]]:
-        """Each record's payload, or, for a damaged one, the next intact record's (with a warning)."""
-        chosen, views = [], []
-        for index in positions:
-            for attempt in range(len(self)):
-                candidate = (index + attempt) % len(self)
-                try:
-                    views.append(reader.payload(candidate, verify=True))
-                    chosen.append(candidate)
-                    break
-                except ChecksumError as exc:
-                    warnings.warn(f"skipping damaged {reader.where(candidate)}: {exc}", stacklevel=4)
-            else:
-                raise PackFormatError(f"{self._shown}: no intact record left to return")
-        return chosen, views
 
     @property
     def encoding(self) -> str:
@@ -455,7 +316,7 @@ class PackedImageFolder(Dataset):
                                 **self._remote_options)
             if reader.identity != self._identity:
                 reader.close()
-                raise PackChangedError(f"{self._shown}: now holds another pack than the one this dataset opened "
+                raise PackChangedError(f"{self.shown}: now holds another pack than the one this dataset opened "
                                        "(it was packed again over it); create the dataset again to read the new "
                                        "pack, or restore the old one")
             self._reader = reader
@@ -466,7 +327,8 @@ class PackedImageFolder(Dataset):
         if self._reader is not None and self._reader.pid == os.getpid():
             self._reader.close()
         self._reader = None
-        self._gather = None
+        if self._engine is not None:
+            self._engine.close()
         self._fields = None
         self._decode_threads.close()
 
@@ -501,7 +363,7 @@ class PackedImageFolder(Dataset):
             if self.target_transform is not None:
                 target = self.target_transform(target)
             return image, target
-        raise PackFormatError(f"{self._shown}: no intact record left to return")
+        raise PackFormatError(f"{self.shown}: no intact record left to return")
 
     def _decode(self, reader: PackReader, index: int, view: memoryview) -> Any:
         if self.output == "bytes":
@@ -519,7 +381,7 @@ class PackedImageFolder(Dataset):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_reader"] = None  # OS resources stay in the process that opened them
-        state["_gather"] = None
+        state["_engine"] = None
         state["_fields"] = None
         return state
 
