@@ -3,7 +3,7 @@ pipeline and the drop-in DataLoader path, on the same images, side by side in on
 
     .venv-peers/bin/python benchmarks/bench_train_crop_ffcv.py [--data bench-data/imagenet]
         [--out bench-results/train-crop] [--limit N] [--rounds 3] [--epochs 1] [--cases jpeg,raw,keep]
-        [--loaders packloader,packloader-whole,ffcv,dropin-pil] [--crop random|center] [--reuse]
+        [--loaders packloader,packloader-whole,packloader-fastidct,ffcv,dropin-pil] [--crop random|center] [--reuse]
 
 Writes (each in a forked process, 2 workers; timed once, for the record, not the point here):
 
@@ -18,6 +18,8 @@ Contenders (batch 256, 2 threads/workers, random order, every record each epoch,
   flip=True, sampler=ds.sampler(seed=0), threads=2)``: BCHW uint8 batches (channels-last memory);
 * ``packloader-whole``: the same, its batch decoder decoding each JPEG whole before cropping
   (``jpeg_kernel.set_crop_first(False)``): what decoding only the crop's region saves;
+* ``packloader-fastidct`` (not by default): the same as ``packloader`` with ``fast_idct=True``, the
+  fast integer IDCT that FFCV's decoder uses (``TJFLAG_FASTDCT``): the two at the same precision;
 * ``ffcv``: ``Loader(beton, 256, num_workers=2, order=RANDOM, os_cache=True, drop_last=False)`` with
   ``[RandomResizedCropRGBImageDecoder((224, 224)), RandomHorizontalFlip(), ToTensor(), ToTorchImage()]``
   (FFCV's ImageNet training pipeline without ``ToDevice``/``NormalizeImage``): the same BCHW
@@ -81,9 +83,10 @@ SIZE = 224
 SCALE, RATIO = (0.08, 1.0), (3 / 4, 4 / 3)
 CASES = ("jpeg", "raw", "keep")  # keep: the photos as they are (full size), packload only
 DEFAULT_CASES = ("jpeg", "raw")
-LOADERS = ("packloader", "packloader-whole", "ffcv", "dropin-pil")
+LOADERS = ("packloader", "packloader-whole", "packloader-fastidct", "ffcv", "dropin-pil")
 CROPS = ("random", "center")  # RandomResizedCrop(224) + flip, or CenterCrop(224)
 LABELS = {"packloader": "packload PackLoader", "packloader-whole": "packload PackLoader, whole-image decoding",
+          "packloader-fastidct": "packload PackLoader, fast IDCT",
           "ffcv": "FFCV", "dropin-pil": "drop-in DataLoader, PIL"}
 RATIO_BASES = ("ffcv", "dropin-pil", "packloader-whole")
 CROP_LABELS = {"random": "RRC+flip", "center": "CenterCrop"}
@@ -118,9 +121,10 @@ def _epochs(make: Callable[[], Any], epochs: int, set_epoch: Callable[[Any, int]
 
 
 def read_packloader(pack_path: str, batch_size: int, threads: int, epochs: int, crop: str = "random",
-                    whole: bool = False) -> dict[str, Any]:
+                    whole: bool = False, fast_idct: bool = False) -> dict[str, Any]:
     """PackLoader's training (or centre) crop; ``whole``: its batch decoder decoding every image whole,
-    then cropping (``jpeg_kernel.set_crop_first(False)``), to measure what decoding only the crop saves."""
+    then cropping (``jpeg_kernel.set_crop_first(False)``), to measure what decoding only the crop saves;
+    ``fast_idct``: the fast integer IDCT, FFCV's."""
     from packload.core import jpeg_kernel
 
     jpeg_kernel.set_crop_first(not whole)  # in this child process only
@@ -128,9 +132,10 @@ def read_packloader(pack_path: str, batch_size: int, threads: int, epochs: int, 
     def make() -> PackLoader:
         ds = PackedImageFolder(pack_path)
         if crop == "center":
-            return PackLoader(ds, batch_size, crop=CenterCrop(SIZE), sampler=ds.sampler(seed=0), threads=threads)
+            return PackLoader(ds, batch_size, crop=CenterCrop(SIZE), sampler=ds.sampler(seed=0), threads=threads,
+                              fast_idct=fast_idct)
         return PackLoader(ds, batch_size, crop=RandomResizedCrop(SIZE, scale=SCALE, ratio=RATIO), flip=True,
-                          sampler=ds.sampler(seed=0), threads=threads)
+                          sampler=ds.sampler(seed=0), threads=threads, fast_idct=fast_idct)
     return _epochs(make, epochs, lambda loader, e: loader.set_epoch(e))
 
 
@@ -223,6 +228,8 @@ def run(source: Path, work: Path, *, rounds: int, epochs: int, batch_size: int, 
         readers = {"packloader": functools.partial(read_packloader, str(pack_path), batch_size, threads, epochs, crop),
                    "packloader-whole": functools.partial(read_packloader, str(pack_path), batch_size, threads, epochs,
                                                          crop, whole=True),
+                   "packloader-fastidct": functools.partial(read_packloader, str(pack_path), batch_size, threads,
+                                                            epochs, crop, fast_idct=True),
                    "ffcv": functools.partial(read_ffcv, str(beton), batch_size, threads, epochs, crop),
                    "dropin-pil": functools.partial(read_dropin_pil, str(pack_path), batch_size, threads, epochs, crop)}
         names = [name for name in LOADERS if name in case_loaders]
@@ -293,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--threads", type=int, default=2, help="PackLoader threads, FFCV threads, DataLoader workers")
     p.add_argument("--cases", default=",".join(DEFAULT_CASES), help=f"comma-separated subset of {','.join(CASES)}")
-    p.add_argument("--loaders", default=",".join(LOADERS), help=f"comma-separated subset of {','.join(LOADERS)}")
+    p.add_argument("--loaders", default=",".join(n for n in LOADERS if n != "packloader-fastidct"),
+                   help=f"comma-separated subset of {','.join(LOADERS)}")
     p.add_argument("--crop", choices=CROPS, default="random",
                    help="random: RandomResizedCrop(224) + flip (training); center: CenterCrop(224) (validation)")
     p.add_argument("--reuse", action="store_true", help="read the packs/.beton files already in the work folder")

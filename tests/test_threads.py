@@ -5,9 +5,19 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 
 from packload.core.threads import single_core_torch_pool
+
+
+@pytest.fixture(autouse=True)
+def two_intra_op_threads():
+    """A process default of 2 (the test process keeps 1, tests/conftest.py), so that one is told apart."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
 
 
 def _on_thread(barrier: threading.Barrier) -> tuple[str, int]:
