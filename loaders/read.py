@@ -32,6 +32,7 @@ from packload.core.remote import RemoteStore, is_url
 from packload.core.storage import reads_wait
 from packload.core.urls import display_url
 from packload.loaders.prefetch import ParallelFetcher, Prefetcher, cut, distinct
+from packload.loaders.read_backend import LocalPackBackend, PackBackend
 from packload.loaders.read_cache import BlockCache
 from packload.loaders.read_lmdb import LmdbPack
 from packload.loaders.read_remote import DEFAULT_BLOCK_SIZE, RemoteShardsPack, fetch_lmdb
@@ -90,7 +91,7 @@ class PackReader:
         self.backend = detect_backend(self.path)
         self.pid = os.getpid()
         self.closed = False
-        self._pack: ShardsPack | LmdbPack | RemoteShardsPack | None = None
+        self._pack: PackBackend | None = None  # loaders.read_backend: the backends' one interface
         self._prefetcher: Prefetcher | None = None
         if parallel_reads is None:
             parallel_reads = reads_wait(self.path)
@@ -236,7 +237,7 @@ class PackReader:
         """The whole of shard or chunk ``part``, as a zero-copy view."""
         return self._open_pack().part_view(part)
 
-    def _open_pack(self) -> ShardsPack | LmdbPack | RemoteShardsPack:
+    def _open_pack(self) -> PackBackend:
         if self._pack is None:
             raise PackFormatError(f"{self.path}: this reader is closed; open the pack again")
         return self._pack
@@ -329,6 +330,7 @@ class PackReader:
         clipped to the part, and which of the inputs they are; empty ranges are left out."""
         unique = distinct(parts)
         pack = self._open_pack()
+        assert isinstance(pack, LocalPackBackend), "file ranges are read ahead for local packs only"
         fds, bases = pack.file_places(unique.tolist())
         at = np.searchsorted(unique, parts)
         starts = np.maximum(starts, 0)
@@ -352,7 +354,7 @@ class PackReader:
         records end); an LMDB pack's pages (a tail of the file past LMDB's last page is never read).
         Files of the folder that are no part of the pack are not counted."""
         pack = self._open_pack()
-        if isinstance(pack, RemoteShardsPack):
+        if not isinstance(pack, LocalPackBackend):
             raise UsageError(f"{self.path}: a pack at a URL; its size is its listing's")
         return pack.pack_bytes()
 
