@@ -26,7 +26,7 @@ import torch
 from PIL import Image
 
 from packload.core.errors import ChecksumError, PackFormatError, UsageError
-from packload.core.format import FORMAT_CODE
+from packload.core.format import FORMAT_CODE, SIDEWAYS_ORIENTATIONS
 from packload.loaders.batch_fill import RawGather, Replace, fill_decoded
 from packload.loaders.collate import collate_encoded
 from packload.loaders.crop import CenterCrop, mirror_rows
@@ -185,7 +185,7 @@ class BatchEngine:
         entries = reader.entries[positions]
         heights, widths = entries["height"], entries["width"]
         if self.source.exif_transpose:  # orientations 5-8 are stored sideways
-            sideways = np.isin(entries["orientation"], (5, 6, 7, 8))
+            sideways = np.isin(entries["orientation"], SIDEWAYS_ORIENTATIONS)
             heights, widths = np.where(sideways, widths, heights), np.where(sideways, heights, widths)
         if len(positions) and ((heights != heights[0]).any() or (widths != widths[0]).any()):
             raise UsageError(f"{self.source.shown}: images of different sizes cannot share a batch; pack with "

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from packload.core.errors import PackFormatError, UsageError
-from packload.core.format import PAYLOAD_FORMATS
+from packload.core.format import PAYLOAD_FORMATS, SIDEWAYS_ORIENTATIONS
 from packload.loaders.crop import CenterCrop, crop_box_into, mirror_rows, scaled_box
 from packload.loaders.crop_fill import CropFill
 from packload.loaders.decode import (
@@ -208,7 +208,7 @@ def upright_sizes(reader: PackReader, positions: Sequence[int], exif_transpose: 
     entries = reader.entries[np.asarray(positions, dtype=np.int64)]
     heights, widths = entries["height"].astype(np.int64), entries["width"].astype(np.int64)
     if exif_transpose:
-        sideways = np.isin(entries["orientation"], (5, 6, 7, 8))
+        sideways = np.isin(entries["orientation"], SIDEWAYS_ORIENTATIONS)
         heights, widths = np.where(sideways, widths, heights), np.where(sideways, heights, widths)
     return heights, widths
 
@@ -236,7 +236,7 @@ def _decode_size(crop: CenterCrop | RandomResizedCrop | None, height: int, width
                  box: tuple[int, int, int, int] | None = None) -> tuple[int, int] | None:
     """The smallest (height, width) a JPEG may be decoded at for ``crop`` (None: full size), in the
     upright image's terms (``decode_array`` turns them back for images stored sideways)."""
-    if orientation in (5, 6, 7, 8):  # stored sideways: the crop sees the upright size, sides swapped
+    if orientation in SIDEWAYS_ORIENTATIONS:  # stored sideways: the crop sees the upright size, sides swapped
         height, width = width, height
     if isinstance(crop, RandomResizedCrop):
         if box is None:

@@ -23,6 +23,7 @@ import torch
 from PIL import Image
 
 from packload.core.errors import PackFormatError
+from packload.core.format import SIDEWAYS_ORIENTATIONS
 from packload.core.jpeg_scans import TooManyScansError, scans_reason, too_many_scans
 from packload.core.probe import NotDecodableError, open_image
 
@@ -115,7 +116,7 @@ def scaled_sizes(heights: np.ndarray, widths: np.ndarray, min_heights: np.ndarra
 
 def _stored_size(size: tuple[int, int], orientation: int) -> tuple[int, int]:
     """(height, width) as stored, for a wanted upright size: orientations 5-8 swap the sides."""
-    return (size[1], size[0]) if orientation in (5, 6, 7, 8) else size
+    return (size[1], size[0]) if orientation in SIDEWAYS_ORIENTATIONS else size
 
 
 def _check_pixel_limit(height: int, width: int) -> None:

@@ -21,7 +21,7 @@ import torch
 from PIL import Image
 
 from packload.core.errors import UsageError
-from packload.core.format import FORMAT_CODE
+from packload.core.format import FORMAT_CODE, SIDEWAYS_ORIENTATIONS
 from packload.loaders.crop import CenterCrop
 from packload.loaders.random_crop import Draws, RandomResizedCrop, flips
 
@@ -89,7 +89,7 @@ def _one_size(rows: np.ndarray, heights: np.ndarray, widths: np.ndarray, exif_tr
     if not len(rows):
         return 0, 0
     if exif_transpose:  # orientations 5-8 are stored sideways
-        sideways = np.isin(rows["orientation"], (5, 6, 7, 8))
+        sideways = np.isin(rows["orientation"], SIDEWAYS_ORIENTATIONS)
         heights, widths = np.where(sideways, widths, heights), np.where(sideways, heights, widths)
     if (heights != heights[0]).any() or (widths != widths[0]).any():
         raise UsageError("images of different sizes cannot share a batch; give crop= (CenterCrop or "

@@ -26,7 +26,14 @@ import numpy as np
 
 from packload.core.display import plural, terminal_safe
 from packload.core.errors import ChecksumError, IncompletePackError, PackFormatError, UsageError
-from packload.core.format import INDEX_ENTRY, MANIFEST_NAME, PAYLOAD_FORMATS, check_entries, entry_path
+from packload.core.format import (
+    INDEX_ENTRY,
+    MANIFEST_NAME,
+    PARTIAL_SUFFIX,
+    PAYLOAD_FORMATS,
+    check_entries,
+    entry_path,
+)
 from packload.core.manifest import MANIFEST_LIMIT
 from packload.core.remote import RemoteStore, is_url
 from packload.core.storage import reads_wait
@@ -45,7 +52,7 @@ def detect_backend(path: Path) -> str:
         return "shards"
     if path.is_file():
         return "lmdb"
-    partial = path.with_name(path.name + ".partial")
+    partial = path.with_name(path.name + PARTIAL_SUFFIX)
     if partial.exists():
         raise IncompletePackError(f"{path}: not found, but an unfinished pack is at {partial}; "
                                   "finish it with `pack SRC DEST --resume`")
@@ -85,7 +92,7 @@ class PackReader:
             return
         self.remote = False
         self.path = Path(path)
-        if self.path.name.endswith(".partial"):  # pack writes DEST.partial and renames it when done
+        if self.path.name.endswith(PARTIAL_SUFFIX):  # pack writes DEST.partial and renames it when done
             raise IncompletePackError(f"{self.path}: an unfinished pack (it did not finish, or was never renamed "
                                       "into place); finish it with `pack SRC DEST --resume`")
         self.backend = detect_backend(self.path)
@@ -120,7 +127,7 @@ class PackReader:
         self.remote = True
         # A URL is no local Path; shown as it may be shown (no credentials, no signature).
         self.path = display_url(url.rstrip("/"))  # type: ignore[assignment]
-        if self.path.endswith(".partial"):
+        if self.path.endswith(PARTIAL_SUFFIX):
             raise IncompletePackError(f"{self.path}: an unfinished pack; pack it again")
         self.pid = os.getpid()
         self.closed = False

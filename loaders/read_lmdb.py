@@ -30,13 +30,13 @@ from packload.core.format import (
     decode_index,
     lmdb_chunk_key,
 )
-from packload.core.lmdb_meta import current_meta
+from packload.core.lmdb_meta import HEADER, MAGIC, current_meta
 from packload.core.lmdb_pages import LmdbLayout
 from packload.core.manifest import MANIFEST_LIMIT, check_listed_size, decode_manifest
 from packload.core.safe_files import open_regular
 from packload.loaders.prefetch import PAGE, ParallelFetcher, cut, distinct
 
-_MAGIC_AT, _LMDB_MAGIC = 16, (0xBEEFC0DE).to_bytes(4, "little")  # what every LMDB file starts with, after a page header
+_MAGIC_AT, _LMDB_MAGIC = HEADER, MAGIC.to_bytes(4, "little")  # what every LMDB file starts with, after a page header
 
 
 def _fetch_pages(fetcher: ParallelFetcher, fd: int, ranges: list[tuple[int, int]]) -> None:

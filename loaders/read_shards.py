@@ -27,6 +27,7 @@ from packload.core.format import (
     INDEX_ENTRY,
     INDEX_NAME,
     MANIFEST_NAME,
+    PARTIAL_SUFFIX,
     PROGRESS_NAME,
     SHARD_HEADER,
     check_entries_fit,
@@ -112,7 +113,7 @@ class ShardsPack:
         try:
             raw = read_regular(MANIFEST_NAME, limit=MANIFEST_LIMIT, dir_fd=self._dir)
         except FileNotFoundError:
-            if self._exists(PROGRESS_NAME) or self.path.name.endswith(".partial"):
+            if self._exists(PROGRESS_NAME) or self.path.name.endswith(PARTIAL_SUFFIX):
                 raise IncompletePackError(f"{self.path}: no {MANIFEST_NAME}: this pack did not finish; "
                                           "finish it with `pack SRC DEST --resume`") from None
             if any(shard_number(name) is not None for name in os.listdir(self._dir)):

@@ -40,6 +40,7 @@ from packload.core.format import (
     LMDB_INDEX_KEY,
     LMDB_MANIFEST_KEY,
     MANIFEST_NAME,
+    PARTIAL_SUFFIX,
     PROGRESS_KEY,
     PROGRESS_NAME,
     RAY_RUN_NAME,
@@ -54,7 +55,6 @@ from packload.core.safe_files import read_regular
 from packload.core.storage import unwritable_reason
 from packload.packer.write_shards import fsync_dir
 
-PARTIAL_SUFFIX = ".partial"
 LOCK_SUFFIX = ".lock"
 LMDB_LOCK_SUFFIX = "-lock"  # the lock file LMDB keeps beside a file it writes
 _OUR_FILES = (MANIFEST_NAME, INDEX_NAME, FIELDS_NAME, PROGRESS_NAME, RAY_RUN_NAME, TASK_DONE_NAME, TASK_PLACED_NAME)

@@ -16,11 +16,17 @@ from typing import Any
 
 import lmdb
 
-from packload.core.format import FIELDS_NAME, INDEX_NAME, MANIFEST_NAME, RAY_RUN_NAME, pack_size
+from packload.core.format import (
+    FIELDS_NAME,
+    INDEX_NAME,
+    MANIFEST_NAME,
+    PARTIAL_SUFFIX,
+    RAY_RUN_NAME,
+    pack_size,
+)
 from packload.core.manifest import encode_manifest
 from packload.packer.combine import ShardPayloads, ShardSource, copy_records
 from packload.packer.destination import (
-    PARTIAL_SUFFIX,
     check_destination,
     check_partial,
     creation_error,

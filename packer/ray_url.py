@@ -32,11 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from packload.core.errors import UsageError
-from packload.core.format import FIELDS_NAME, INDEX_NAME, MANIFEST_NAME, RAY_RUN_NAME
+from packload.core.format import FIELDS_NAME, INDEX_NAME, MANIFEST_NAME, PARTIAL_SUFFIX, RAY_RUN_NAME
 from packload.core.manifest import encode_manifest
 from packload.core.remote import RemoteStore
 from packload.packer.combine import ShardSource
-from packload.packer.destination import PARTIAL_SUFFIX
 from packload.packer.pipeline import backend_for
 from packload.packer.ray_folder import TASKS_SUFFIX, join_lmdb
 from packload.packer.ray_resume import check_same_run

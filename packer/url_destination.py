@@ -49,6 +49,7 @@ from packload.core.format import (
     INDEX_NAME,
     LMDB_MANIFEST_KEY,
     MANIFEST_NAME,
+    PARTIAL_SUFFIX,
     PROGRESS_KEY,
     PROGRESS_NAME,
     RAY_RUN_NAME,
@@ -62,7 +63,6 @@ from packload.core.manifest import MANIFEST_LIMIT
 from packload.core.remote import RemoteStore
 from packload.core.urls import display_url
 from packload.packer.destination import (
-    PARTIAL_SUFFIX,
     is_our_manifest,
     is_our_progress,
     is_pack_file_name,

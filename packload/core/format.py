@@ -32,6 +32,9 @@ ENCODINGS = ("keep", "jpeg", "png", "raw")
 MANIFEST_NAME = "manifest.json"  # shards: a file in the pack folder
 INDEX_NAME = "index.bin"  # shards: a file in the pack folder
 PROGRESS_NAME = "progress.json"  # shards: only in an unfinished pack, what ``pack --resume`` needs
+# An unfinished pack is written beside its destination as DEST + this suffix, and renamed (or, at a
+# URL, published) once complete: nothing at DEST ever looks valid before then.
+PARTIAL_SUFFIX = ".partial"
 # ``pack --engine ray``: only in an unfinished pack. The run record (options, source, ranges) beside
 # the task folders, and in each task folder the markers written last: packed, then placed.
 RAY_RUN_NAME = "ray-run.json"
@@ -184,6 +187,7 @@ MAX_PATH_BYTES = 0xFFFF  # a record's path is at most this long (its length is a
 # integer (readers compute byte ranges in int64, and hand addresses to compiled code).
 INDEX_VALUE_LIMIT = 1 << 62
 MAX_ORIENTATION = 8  # EXIF orientations are 1..8; 0 means none
+SIDEWAYS_ORIENTATIONS = (5, 6, 7, 8)  # stored turned a quarter: upright, width and height swap
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 from packload.core.cpus import usable_cores
 from packload.core.display import plural
 from packload.core.errors import PackloadError
+from packload.core.format import PARTIAL_SUFFIX
 from packload.core.progress import progress_bar, progress_line
 from packload.diagnose.data_files import cached_share, dataset_files
 from packload.diagnose.gpu_step import DummyStep, iter_tensors
@@ -143,7 +144,7 @@ class TuneResult:
                                  "step": self.step["description"], "startup_s": round(self.winner.startup_s, 3)},
                     "not_measured": self.not_measured, "machine": self.machine}
         target = Path(path)
-        partial = target.with_name(target.name + ".partial")
+        partial = target.with_name(target.name + PARTIAL_SUFFIX)
         partial.write_text(json.dumps(document, indent=2) + "\n")
         partial.replace(target)
         return target
