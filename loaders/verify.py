@@ -10,7 +10,6 @@ import hashlib
 import os
 import tempfile
 import zlib
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,6 +17,7 @@ from PIL import Image
 
 from packload.core.display import terminal_safe
 from packload.core.errors import PackFormatError
+from packload.core.file_hash import LARGER_THAN_LISTED, sha256_file
 from packload.core.format import (
     LMDB_MANIFEST_KEY,
     MANIFEST_NAME,
@@ -32,8 +32,6 @@ from packload.core.urls import display_url
 from packload.loaders.decode import decode_pil
 from packload.loaders.fields import fields_info, verify_fields
 from packload.loaders.read import PackReader
-
-HASH_BLOCK = 8 << 20
 
 
 def info(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -70,29 +68,6 @@ def _remote_size(reader: PackReader) -> int:
         return reader.local_path.stat().st_size
     manifest = reader.manifest
     return sum(int(part["size"]) for part in manifest["parts"]) + len(reader.index_bytes())
-
-
-def sha256_file(path: Path, size: int | None = None) -> str:
-    """The SHA-256 of the whole file ``path``, read in large blocks. With ``size`` (what the manifest
-    lists), no more than that is ever read: a file that holds more raises ``PackFormatError`` (a
-    sparse terabyte in place of a shard is refused at once, not hashed for minutes)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        if size is None:
-            while block := f.read(HASH_BLOCK):
-                digest.update(block)
-            return digest.hexdigest()
-        left = size
-        while left and (block := f.read(min(HASH_BLOCK, left))):
-            digest.update(block)
-            left -= len(block)
-        if f.read(1):
-            raise PackFormatError(f"{path}: {LARGER_THAN_LISTED.format(size=size)}")
-    return digest.hexdigest()
-
-
-LARGER_THAN_LISTED = ("larger than the {size:,} bytes the manifest lists; the pack is damaged, or the file is not "
-                      "this pack's: copy the pack again")
 
 
 def file_problems(reader: PackReader, shards: bool = True, index: bool = True) -> list[dict[str, str]]:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from packload.core.errors import PackFormatError
+from packload.core.file_hash import HASH_BLOCK, sha256_file
 from packload.core.format import (
     HEADER_BODY_AT,
     HEADER_CRC_AT,
@@ -102,7 +103,6 @@ def _patch_shard(path: Path, part: int, rows: np.ndarray, first_record: int, new
     return digest
 
 
-HASH_BLOCK = 8 << 20  # bytes read at a time when copying or hashing a shard
 
 
 def _copy_hashed(src: Path, dst: Path) -> str:
@@ -117,21 +117,13 @@ def _copy_hashed(src: Path, dst: Path) -> str:
     return digest.hexdigest()
 
 
-def _hash_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(HASH_BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _link_or_copy(src: Path, dst: Path) -> str:
     """Hard-link ``src`` as ``dst`` (copied across file systems); the SHA-256 of what ``dst`` holds."""
     try:
         os.link(src, dst)
     except OSError:  # another file system: a copy, durable before any manifest names it
         return _copy_hashed(src, dst)
-    return _hash_file(dst)
+    return sha256_file(dst)
 
 
 def place_shards(source: ShardSource, out: Path, part_base: int, record_base: int,

@@ -211,7 +211,7 @@ def test_hashing_stops_at_the_listed_size(packs: dict[str, Path], tmp_path: Path
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """A shard grown after the pack was opened is hashed no further than its listed size (counted:
     the bytes read, not the time taken)."""
-    import packload.loaders.verify as verify_module
+    import packload.core.file_hash as file_hash_module
 
     pack = copy_pack(packs["shards"], tmp_path / "p.shards")
     shard = pack / "shard-00000.bin"
@@ -237,7 +237,7 @@ def test_hashing_stops_at_the_listed_size(packs: dict[str, Path], tmp_path: Path
 
     with PackReader(pack) as reader:
         os.truncate(shard, TIB)
-        monkeypatch.setattr(verify_module, "open", Counted, raising=False)
+        monkeypatch.setattr(file_hash_module, "open", Counted, raising=False)
         problems = file_problems(reader, index=False)
     assert problems[0] == {"file": "shard-00000.bin",
                            "problem": f"larger than the {listed:,} bytes the manifest lists; the pack is damaged, or "
