@@ -84,7 +84,7 @@ class BatchEngine:
             check_batch_memory(len(positions), crop.size, "crop size")
         draws = draws or Draws()
         if rows is not None:
-            return self._decode_rows(reader, positions, crop, channels_last, out, rows, fast_idct, draws, flip)
+            rows = _checked_rows(rows, out, crop, channels_last, len(positions))
         if crop is None and source.transform is not None:  # the caller's transform decides the size
             batch, labels = source.transformed_batch(positions, pin_memory)
             batch = batch.contiguous(memory_format=torch.channels_last) if channels_last else batch
@@ -98,7 +98,7 @@ class BatchEngine:
         else:  # the decode mirrors the images itself (the batch decoder while the slot is in cache)
             mirror = flips(positions, draws, flip) if flip else None
             return self._decode_batch(reader, positions, crop, channels_last, pin_memory,
-                                      out if crop is not None else None, fast_idct, draws, mirror)
+                                      out if crop is not None else None, fast_idct, draws, mirror, rows)
         if flip:
             mirror_rows(batch, flips(positions, draws, flip))
         return batch, labels
@@ -118,25 +118,6 @@ class BatchEngine:
         self._gather = None
 
     # -- the ways a batch is made -----------------------------------------------------------
-    def _decode_rows(self, reader: PackReader, positions: np.ndarray, crop: CenterCrop | RandomResizedCrop | None,
-                     channels_last: bool, out: torch.Tensor | None, rows: np.ndarray, fast_idct: bool, draws: Draws,
-                     flip: float) -> tuple[torch.Tensor, Any]:
-        """``get_batch`` with ``rows``: the images cropped into those rows of ``out``."""
-        rows = np.asarray(rows, dtype=np.int64)
-        layout = torch.channels_last if channels_last else torch.contiguous_format
-        if crop is None or out is None or len(rows) != len(positions) or out.dtype != torch.uint8 \
-                or tuple(out.shape[1:]) != (3, crop.size, crop.size) or not out.is_contiguous(memory_format=layout) \
-                or (len(rows) and (rows.min() < 0 or rows.max() >= len(out))):
-            raise ValueError("rows= needs a crop and an out batch of the crop's size and layout that holds those "
-                             "rows, one per index")
-        mirror = flips(positions, draws, flip) if flip else None
-        chosen, views = self._payloads(reader, positions)
-        chosen = fill_decoded(reader, chosen, views, out, crop=crop, fast_jpeg=self.source.fast_jpeg,
-                              exif_transpose=self.source.exif_transpose, replace=self._replacer(reader),
-                              fast_idct=fast_idct, draws=draws, mirror=mirror, rows=rows)
-        labels = torch.from_numpy(reader.entries["label"][np.asarray(chosen, dtype=np.int64)].astype(np.int64))
-        return out, self.source.batch_targets(reader, chosen, labels)
-
     def _gather_batch(self, reader: PackReader, positions: np.ndarray, channels_last: bool,
                       pin_memory: bool) -> tuple[torch.Tensor, Any]:
         """A raw batch copied straight from the memory map (no decode)."""
@@ -158,23 +139,27 @@ class BatchEngine:
 
     def _decode_batch(self, reader: PackReader, positions: np.ndarray, crop: CenterCrop | RandomResizedCrop | None,
                       channels_last: bool, pin_memory: bool, images: torch.Tensor | None = None,
-                      fast_idct: bool = False, draws: Draws | None = None,
-                      mirror: np.ndarray | None = None) -> tuple[torch.Tensor, Any]:
+                      fast_idct: bool = False, draws: Draws | None = None, mirror: np.ndarray | None = None,
+                      rows: np.ndarray | None = None) -> tuple[torch.Tensor, Any]:
         """A batch decoded (and cropped) record by record, damaged records replaced under ``on_error="skip"``;
-        written into ``images`` when it has the batch's shape and layout, else into a new tensor;
-        the slots ``mirror`` marks mirrored."""
+        written into ``images`` when it has the batch's shape and layout, else into a new tensor (with
+        ``rows``, into those rows of ``images``, checked by the caller); the images ``mirror`` marks
+        mirrored."""
         pin = pin_memory and torch.cuda.is_available()
-        height, width = self._batch_size_of(reader, positions, crop)
-        count = len(positions)
-        layout = torch.channels_last if channels_last else torch.contiguous_format
-        if images is None or images.shape != (count, 3, height, width) or images.dtype != torch.uint8 \
-                or not images.is_contiguous(memory_format=layout):
-            images = torch.empty((count, 3, height, width), dtype=torch.uint8, pin_memory=pin, memory_format=layout)
+        if rows is None:
+            height, width = self._batch_size_of(reader, positions, crop)
+            count = len(positions)
+            layout = torch.channels_last if channels_last else torch.contiguous_format
+            if images is None or images.shape != (count, 3, height, width) or images.dtype != torch.uint8 \
+                    or not images.is_contiguous(memory_format=layout):
+                images = torch.empty((count, 3, height, width), dtype=torch.uint8, pin_memory=pin,
+                                     memory_format=layout)
         chosen, views = self._payloads(reader, positions)
         chosen = fill_decoded(reader, chosen, views, images, crop=crop, fast_jpeg=self.source.fast_jpeg,
                               exif_transpose=self.source.exif_transpose, replace=self._replacer(reader),
-                              fast_idct=fast_idct, draws=draws, mirror=mirror)
+                              fast_idct=fast_idct, draws=draws, mirror=mirror, rows=rows)
         labels = torch.from_numpy(reader.entries["label"][np.asarray(chosen, dtype=np.int64)].astype(np.int64))
+        assert images is not None
         return images, self.source.batch_targets(reader, chosen, labels.pin_memory() if pin else labels)
 
     def _batch_size_of(self, reader: PackReader, positions: np.ndarray,
@@ -239,3 +224,17 @@ class BatchEngine:
             else:
                 raise PackFormatError(f"{self.source.shown}: no intact record left to return")
         return chosen, views
+
+
+def _checked_rows(rows: np.ndarray, out: torch.Tensor | None, crop: CenterCrop | RandomResizedCrop | None,
+                  channels_last: bool, count: int) -> np.ndarray:
+    """``rows`` as int64, once ``out`` is known to be a batch of the crop's size and layout that
+    holds them, one per index; ValueError otherwise."""
+    rows = np.asarray(rows, dtype=np.int64)
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    if crop is None or out is None or len(rows) != count or out.dtype != torch.uint8 \
+            or tuple(out.shape[1:]) != (3, crop.size, crop.size) or not out.is_contiguous(memory_format=layout) \
+            or (len(rows) and (rows.min() < 0 or rows.max() >= len(out))):
+        raise ValueError("rows= needs a crop and an out batch of the crop's size and layout that holds those "
+                         "rows, one per index")
+    return rows

@@ -155,6 +155,7 @@ def fill_decoded(reader: PackReader, positions: Sequence[int], payloads: Sequenc
     chosen = [int(index) for index in positions]
     if len(chosen) != len(payloads):
         raise ValueError(f"{len(chosen)} records but {len(payloads)} payloads")
+    slots = np.arange(len(chosen), dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
     boxed = isinstance(crop, RandomResizedCrop)
     draws = draws or Draws()
     mirror = np.zeros(len(chosen), dtype=bool) if mirror is None else np.asarray(mirror, dtype=bool)
@@ -162,7 +163,7 @@ def fill_decoded(reader: PackReader, positions: Sequence[int], payloads: Sequenc
     fast: CropFill | None = None
     mirrored = np.zeros(len(chosen), dtype=bool)  # slots already mirrored (by the batch decoder)
     if crop is not None and chosen and out.is_contiguous(memory_format=torch.channels_last):
-        fast = CropFill(reader, chosen, crop, boxes, out, fast_jpeg, exif_transpose, fast_idct, rows)
+        fast = CropFill(reader, chosen, crop, boxes, out, fast_jpeg, exif_transpose, fast_idct, slots)
         mirrored = fast.fill_batch(mirror)
     for k in (range(len(chosen)) if fast is None else np.flatnonzero(~fast.done).tolist()):
         view = payloads[k]
@@ -182,7 +183,7 @@ def fill_decoded(reader: PackReader, positions: Sequence[int], payloads: Sequenc
                 if boxed:
                     heights, widths = upright_sizes(reader, [index], exif_transpose)
                     box = crop.box(int(heights[0]), int(widths[0]), key, draws)
-        slot = out[k if rows is None else int(rows[k])]
+        slot = out[int(slots[k])]
         if boxed:
             heights, widths = upright_sizes(reader, [index], exif_transpose)
             crop_box_into(pixels, scaled_box(box, int(heights[0]), int(widths[0]), *pixels.shape[:2]), slot)
@@ -193,12 +194,9 @@ def fill_decoded(reader: PackReader, positions: Sequence[int], payloads: Sequenc
                              f"{slot.shape[1]}x{slot.shape[2]}; give a crop (or a transform) that makes one size")
         else:
             np.copyto(slot.numpy(), pixels.transpose(2, 0, 1))
-    if rows is None:
-        mirror_rows(out, mirror & ~mirrored)
-    else:
-        in_out = np.zeros(len(out), dtype=bool)
-        in_out[np.asarray(rows, dtype=np.int64)] = mirror & ~mirrored
-        mirror_rows(out, in_out)
+    mirrored_slots = np.zeros(len(out), dtype=bool)
+    mirrored_slots[slots] = mirror & ~mirrored
+    mirror_rows(out, mirrored_slots)
     return chosen
 
 

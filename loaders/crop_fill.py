@@ -41,12 +41,12 @@ from packload.loaders.read import PackReader
 class CropFill:
     """Fills the slots of ``out`` (a channels-last N×3×S×S batch) with the crops of records
     ``positions``: ``crop``'s windows for a ``CenterCrop``, ``boxes`` (B×4: top, left, height,
-    width, in the stored images) for a ``RandomResizedCrop``. Record ``k`` goes to slot ``k``, or
-    to slot ``rows[k]`` when ``rows`` is given (a part of a larger batch: a mix's pack)."""
+    width, in the stored images) for a ``RandomResizedCrop``. Record ``k`` goes to slot ``rows[k]``
+    (``k`` for a whole batch; others for a part of a larger one: a mix's pack)."""
 
     def __init__(self, reader: PackReader, positions: list[int], crop: CenterCrop | RandomResizedCrop,
                  boxes: np.ndarray | None, out: torch.Tensor, jpeg: bool, exif_transpose: bool,
-                 fast_idct: bool, rows: np.ndarray | None = None) -> None:
+                 fast_idct: bool, rows: np.ndarray) -> None:
         entries = reader.entries[np.asarray(positions, dtype=np.int64)]
         heights, widths = entries["height"].astype(np.int64), entries["width"].astype(np.int64)
         upright = entries["orientation"] == 0 if exif_transpose else np.ones(len(positions), dtype=bool)
@@ -73,7 +73,7 @@ class CropFill:
         self.scratch_bytes = int(need.max()) if len(need) else 0
         self.kernel = resize_kernel.available() and bool(len(positions)) and interleaved(out)
         self.reader, self.positions, self.out = reader, np.asarray(positions, dtype=np.int64), out
-        self.out_rows = np.arange(len(positions), dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
+        self.out_rows = rows
         self.done = np.zeros(len(positions), dtype=bool)  # filled by fill_batch
 
     def boxes(self, rows: np.ndarray, got_heights: np.ndarray, got_widths: np.ndarray) -> np.ndarray:

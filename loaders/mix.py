@@ -173,8 +173,8 @@ class MixedPacks(Dataset):
             return images, self._shifted(labels, pack)
         pin = pin_memory and torch.cuda.is_available()
         labels = torch.empty(len(records), dtype=torch.int64, pin_memory=pin)
+        layout = torch.channels_last if channels_last else torch.contiguous_format
         if crop is not None:  # each pack decodes straight into its rows of the batch: no copy
-            layout = torch.channels_last if channels_last else torch.contiguous_format
             shape = (len(records), 3, crop.size, crop.size)
             if out is None or out.shape != shape or out.dtype != torch.uint8 or not out.is_contiguous(memory_format=layout):
                 out = torch.empty(shape, dtype=torch.uint8, memory_format=layout, pin_memory=pin)
@@ -185,7 +185,6 @@ class MixedPacks(Dataset):
             return out, labels
         # Without a crop, each pack's images (one size) are copied into their rows of the batch, in
         # the order asked.
-        layout = torch.channels_last if channels_last else torch.contiguous_format
         first: tuple[str, tuple[int, ...]] | None = None
         for pack, rows in groups:
             images, part_labels = self.datasets[pack].get_batch(records[rows], channels_last, **options,

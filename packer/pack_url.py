@@ -64,11 +64,11 @@ def pack_to_url(src: str | os.PathLike[str], url: str, *, local_pack: Callable[.
 
 def whole_command_rates(summary: dict[str, Any], seconds: float) -> dict[str, Any]:
     """``summary`` with its time the wall time of the whole command (``seconds``: listing, packing,
-    uploading, publishing), and its rates of files and source bytes per second restated over it."""
-    run_bytes = summary["source_bytes"] * summary["files_this_run"] / max(summary["files_total"], 1)
+    uploading, publishing), and its rates of files and source bytes per second restated over it (a
+    pack at a URL is never resumed: this run packed every file)."""
     summary.update(seconds=round(seconds, 3),
                    files_per_s=round(summary["files_this_run"] / seconds, 1) if seconds > 0 else None,
-                   mb_per_s=round(run_bytes / seconds / 1e6, 1) if seconds > 0 else None)
+                   mb_per_s=round(summary["source_bytes"] / seconds / 1e6, 1) if seconds > 0 else None)
     return summary
 
 

@@ -273,6 +273,13 @@ class CountingProxy:
         self.server.server_close()
 
 
+def point_cli_at(store: ObjectStore, monkeypatch: Any, cache: Any) -> None:
+    """Point the command line (and readers without options) at ``store`` as users point it at
+    theirs, ``AWS_ENDPOINT_URL``, with the block cache in ``cache``."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", store.proxy.endpoint)
+    monkeypatch.setenv("PACKLOAD_CACHE", str(cache))
+
+
 class ObjectStore:
     """moto's S3 server on a free port of 127.0.0.1, a ``CountingProxy`` in front of it."""
 

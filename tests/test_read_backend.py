@@ -56,12 +56,11 @@ def test_an_open_local_pack_is_a_local_backend(packs: dict[str, Path], suffix: s
 def test_an_open_pack_at_a_url_is_a_backend_but_not_a_local_one(packs: dict[str, Path], monkeypatch, tmp_path) -> None:
     pytest.importorskip("s3fs", reason="s3fs is not installed (pip install -e '.[dev]')")
     pytest.importorskip("moto.server", reason="moto[server] is not installed (pip install -e '.[dev]')")
-    from tests.object_store import ObjectStore
+    from tests.object_store import ObjectStore, point_cli_at
 
     with ObjectStore() as store:
         store.make_bucket("bkt-backend")
-        monkeypatch.setenv("AWS_ENDPOINT_URL", store.proxy.endpoint)
-        monkeypatch.setenv("PACKLOAD_CACHE", str(tmp_path / "cache"))
+        point_cli_at(store, monkeypatch, tmp_path / "cache")
         url = "s3://bkt-backend/p.shards"
         store.filesystem().put(str(packs["shards"]), url, recursive=True)
         with PackReader(url) as reader:

@@ -17,7 +17,7 @@ from packload.loaders.read import PackReader  # noqa: E402
 from packload.packer import pipeline, upload  # noqa: E402
 from packload.packer.pack_url import pack_to_url as pack_to_url_with  # noqa: E402
 from tests.image_factory import make_image_folder  # noqa: E402
-from tests.object_store import ObjectStore  # noqa: E402
+from tests.object_store import ObjectStore, point_cli_at  # noqa: E402
 
 SHARD = 1 << 16
 
@@ -37,8 +37,7 @@ def store():
 @pytest.fixture
 def env(store, monkeypatch, tmp_path):
     """The command line finds the server as users point it at theirs: AWS_ENDPOINT_URL."""
-    monkeypatch.setenv("AWS_ENDPOINT_URL", store.proxy.endpoint)
-    monkeypatch.setenv("PACKLOAD_CACHE", str(tmp_path / "cache"))
+    point_cli_at(store, monkeypatch, tmp_path / "cache")
     return store
 
 

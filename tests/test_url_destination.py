@@ -16,7 +16,7 @@ from packload.cli import main  # noqa: E402
 from packload.loaders.read import PackReader  # noqa: E402
 from packload.packer import pipeline  # noqa: E402
 from tests.image_factory import make_image_folder, write_broken_files  # noqa: E402
-from tests.object_store import ObjectStore  # noqa: E402
+from tests.object_store import ObjectStore, point_cli_at  # noqa: E402
 
 BUCKET = "bkt-dest"  # moto keeps one store per process: a bucket of this file's own
 
@@ -30,8 +30,7 @@ def store():
 
 @pytest.fixture
 def env(store, monkeypatch, tmp_path):
-    monkeypatch.setenv("AWS_ENDPOINT_URL", store.proxy.endpoint)
-    monkeypatch.setenv("PACKLOAD_CACHE", str(tmp_path / "cache"))
+    point_cli_at(store, monkeypatch, tmp_path / "cache")
     return store
 
 
