@@ -42,8 +42,9 @@ from packload.loaders.prefetch import ParallelFetcher, Prefetcher, cut, distinct
 from packload.loaders.read_backend import LocalPackBackend, PackBackend
 from packload.loaders.read_cache import BlockCache
 from packload.loaders.read_lmdb import LmdbPack
-from packload.loaders.read_remote import DEFAULT_BLOCK_SIZE, RemoteShardsPack, fetch_lmdb
+from packload.loaders.read_remote import DEFAULT_BLOCK_SIZE, RemoteShardsPack
 from packload.loaders.read_shards import ShardsPack
+from packload.loaders.remote_lmdb import fetch_lmdb
 
 
 def detect_backend(path: Path) -> str:
