@@ -40,6 +40,11 @@ PAGE_HEADER = struct.Struct("<QHHHH")  # pgno, pad, flags, lower, upper
 META = struct.Struct("<IIQQ" + "IHHQQQQQ" * 2 + "QQ")  # after the page header; see above
 HEADER = PAGE_HEADER.size
 META_END = HEADER + META.size  # the bytes of a meta page that are read
+F_BIGDATA, F_SUBDATA, F_DUPDATA = 0x01, 0x02, 0x04  # a leaf node's flags
+NODE = struct.Struct("<HHHH")  # a node of a branch or leaf page: lo, hi, flags, ksize
+NODE_HEADER = NODE.size
+PGNO = struct.Struct("<Q")  # a page number: a leaf's F_BIGDATA value, after its key
+OVERFLOW_HEADER = struct.Struct("<QHHI")  # the first page of an overflow run: pgno, pad, flags, pages
 DAMAGED = "the LMDB file is damaged: copy it again"
 UNSUPPORTED = "packload reads LMDB files with one unnamed database and no DUPSORT: give the .lmdb file `pack` wrote"
 
