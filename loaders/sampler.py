@@ -1,62 +1,33 @@
-"""Sampling orders for packed datasets: shuffled well, read (mostly) sequentially, split evenly, resumable.
+"""A sampler for packed datasets: shuffled well, read (mostly) sequentially, split evenly, resumable.
 
-A pack stores records 0..n-1 back to back, so reading consecutive records is cheap and jumping around
-is not. :class:`PackSampler` offers three orders:
-
-* ``"sequential"``: 0..n-1 (what ``shuffle=False`` gives), for evaluation.
-* ``"random"``: a full permutation; best mixing, worst locality.
-* ``"block"`` (default): cut 0..n-1 into blocks of ``block_size`` consecutive records, permute the
-  blocks, then shuffle the records inside each group of ``window_blocks`` consecutive (permuted) blocks.
-  Any run of ``block_size * window_blocks`` samples therefore touches only ``window_blocks`` contiguous
-  regions of the pack (page cache / readahead friendly), while the classes of a class-sorted pack still
-  mix almost as well as under a full shuffle. This is a deterministic version of FFCV's QUASI_RANDOM
-  order or of a shuffle buffer.
-
+:class:`PackSampler` hands out one of the orders of ``loaders.sample_order`` ("block", the default,
+"random" or "sequential"), this rank's share of it, one index at a time (``loaders.sample_walk``).
 Every order is a pure function of ``(seed, epoch, num_records, options)``, so all DDP ranks compute the
-same global order independently, and a run can resume mid-epoch from a small JSON-serialisable state.
-(It is drawn with ``np.random.default_rng([seed, epoch])``; NumPy keeps those streams stable in practice
-but does not promise it across releases, so give all ranks, and a resumed run, the same NumPy.)
+same global order independently, and a run can resume mid-epoch from a small JSON-serialisable state
+(``loaders.sampler_state``).
 """
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Union
 
 import numpy as np
-import numpy.random  # noqa: F401  (imported with the module, not on the first epoch's clock)
 import torch.distributed as dist
 from torch.utils.data import DistributedSampler
 
 from packload.core.errors import SplitTwiceError, UsageError
 from packload.loaders.accelerate_shard import sharded_by_accelerate
+from packload.loaders.sample_order import ORDERS, UNEVEN_MODES, global_order, rank_share, split_size
 from packload.loaders.sample_walk import Cursor, Lookahead, walk, walk_ahead
+from packload.loaders.sampler_args import check_choice, check_int
+from packload.loaders.sampler_state import check_position, resume_point, saved_state
 
 __all__ = ["PackSampler"]
 
-ORDERS = ("block", "random", "sequential")
-UNEVEN_MODES = ("pad", "drop")
-STATE_VERSION = 1
 _HINT_RECORDS = 2048  # records announced at a time by a prefetching sampler outside the "block" order
 Prefetch = Union[str, "os.PathLike[str]", Callable[[np.ndarray], Any], None]
-
-
-def check_int(name: str, value: Any, minimum: int) -> int:
-    """Return ``value`` as an int, or raise a TypeError/ValueError that says what is expected."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
-def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
-    """Return ``value`` if it is one of ``choices``, else raise a ValueError listing them."""
-    if value not in choices:
-        raise ValueError(f"unknown {name} {value!r}; expected one of {', '.join(map(repr, choices))}")
-    return value
 
 
 def _default_rank_world() -> tuple[int, int]:
@@ -69,24 +40,6 @@ def _default_rank_world() -> tuple[int, int]:
 def default_rank() -> int:
     """This process's rank in the initialised default process group, or 0 without one."""
     return _default_rank_world()[0]
-
-
-def _block_order(n: int, block_size: int, window_blocks: int, rng: np.random.Generator) -> np.ndarray:
-    """Permute blocks of ``block_size`` records, then shuffle records within groups of ``window_blocks``.
-
-    The block list is padded with sentinel blocks (record ids >= n) to whole groups so that every group
-    is one row of a 2-D array and can be shuffled with a single vectorised ``rng.permuted`` call; the
-    sentinels (and the missing tail of a short last block) are filtered out afterwards.
-    """
-    if n == 0:
-        return np.empty(0, dtype=np.int64)
-    num_blocks = -(-n // block_size)
-    num_groups = -(-num_blocks // window_blocks)
-    sentinels = np.arange(num_blocks, num_groups * window_blocks, dtype=np.int64)
-    slots = np.concatenate([rng.permutation(num_blocks).astype(np.int64), sentinels])
-    records = slots[:, None] * block_size + np.arange(block_size, dtype=np.int64)
-    records = rng.permuted(records.reshape(num_groups, window_blocks * block_size), axis=1).ravel()
-    return records[records < n]
 
 
 class PackSampler(DistributedSampler[int]):
@@ -144,11 +97,11 @@ class PackSampler(DistributedSampler[int]):
             raise TypeError(f"shuffle must be a bool, got {type(shuffle).__name__} ({shuffle!r})")
         self.num_records = check_int("num_records", num_records, 0)
         self.seed = check_int("seed", seed, 0)
-        _check_choice("order", order, ORDERS)
+        check_choice("order", order, ORDERS)
         self.order = order if shuffle else "sequential"
         self.block_size = check_int("block_size", block_size, 1)
         self.window_blocks = check_int("window_blocks", window_blocks, 1)
-        self.uneven = _check_choice("uneven", uneven, UNEVEN_MODES)
+        self.uneven = check_choice("uneven", uneven, UNEVEN_MODES)
         self.rank, self.world_size = self._resolve_rank(rank, world_size)
         self._epoch = 0
         self._cursor = Cursor(epoch=0, start=0, position=0)
@@ -262,18 +215,11 @@ class PackSampler(DistributedSampler[int]):
     def global_order(self, epoch: int | None = None) -> np.ndarray:
         """The order of all records for ``epoch`` (default: the current one), before the rank split."""
         epoch = self._epoch if epoch is None else check_int("epoch", epoch, 0)
-        n = self.num_records
-        if self.order == "sequential":
-            return np.arange(n, dtype=np.int64)
-        rng = np.random.default_rng([self.seed, epoch])
-        if self.order == "random":
-            return rng.permutation(n).astype(np.int64, copy=False)
-        return _block_order(n, self.block_size, self.window_blocks, rng)
+        return global_order(self.num_records, self.order, self.seed, epoch, self.block_size, self.window_blocks)
 
     def _total_size(self) -> int:
         """Length of the global order after padding or dropping to a multiple of world_size."""
-        n, w = self.num_records, self.world_size
-        return math.ceil(n / w) * w if self.uneven == "pad" else (n // w) * w
+        return split_size(self.num_records, self.world_size, self.uneven)
 
     def __len__(self) -> int:
         """Samples this rank yields per epoch (the same on every rank)."""
@@ -281,12 +227,7 @@ class PackSampler(DistributedSampler[int]):
 
     def epoch_order(self, epoch: int | None = None) -> np.ndarray:
         """This rank's full order (int64) for ``epoch`` (default: the current one)."""
-        order = self.global_order(epoch)
-        total = self._total_size()
-        if total > order.size:  # pad: repeat from the start of the order, cyclically if n < world_size
-            order = np.concatenate([order, np.resize(order, total - order.size)])
-        per_rank = total // self.world_size
-        return order[self.rank * per_rank : (self.rank + 1) * per_rank]
+        return rank_share(self.global_order(epoch), self._total_size(), self.rank, self.world_size)
 
     # -- iteration -------------------------------------------------------------------------------------
 
@@ -345,22 +286,14 @@ class PackSampler(DistributedSampler[int]):
                 "many of its samples were used; pass consumed=steps * batch_size * accelerator.num_processes"
             )
         if consumed is not None:
-            position = self._check_position("consumed", consumed)
+            position = check_position("consumed", consumed, len(self))
         elif self._resume is not None:
             position = self._resume.start
         elif self._cursor.epoch == self._epoch:
             position = self._cursor.position
         else:  # set_epoch moved on and the new epoch has not been iterated yet
             position = 0
-        return {
-            "version": STATE_VERSION,
-            "seed": self.seed,
-            "epoch": self._epoch,
-            "position": position,
-            "num_records": self.num_records,
-            "rank": self.rank,
-            "options": self.options,
-        }
+        return saved_state(self.seed, self._epoch, position, self.num_records, self.rank, self.options)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Make the NEXT ``__iter__`` continue ``state``'s epoch at its position (later ones start at 0).
@@ -368,43 +301,6 @@ class PackSampler(DistributedSampler[int]):
         Adopts the saved seed and epoch; raises ValueError if num_records or the options differ, since
         the saved position would then point into a different order.
         """
-        if not isinstance(state, Mapping):
-            raise TypeError(f"state must be a dict from PackSampler.state_dict(), got {type(state).__name__}")
-        missing = sorted({"version", "seed", "epoch", "position", "num_records", "options"} - state.keys())
-        if missing:
-            raise ValueError(f"state is missing {missing}; pass a dict from PackSampler.state_dict()")
-        if state["version"] != STATE_VERSION:
-            raise ValueError(f"unsupported state version {state['version']!r}; expected {STATE_VERSION}")
-        if state["num_records"] != self.num_records:
-            raise ValueError(
-                f"state mismatch: num_records was {state['num_records']!r} when saved but is "
-                f"{self.num_records} now; resume only over the same pack"
-            )
-        self._check_options(state["options"])
-        seed = check_int("state['seed']", state["seed"], 0)
-        epoch = check_int("state['epoch']", state["epoch"], 0)
-        position = self._check_position("state['position']", state["position"])
+        seed, epoch, position = resume_point(state, self.num_records, self.options, len(self))
         self.seed, self._epoch = seed, epoch
         self._resume = Cursor(epoch=epoch, start=position, position=position)
-
-    def _check_options(self, saved: Any) -> None:
-        """Raise a ValueError naming every option that differs between ``saved`` and this sampler."""
-        if not isinstance(saved, Mapping):
-            raise ValueError(f"state['options'] must be a dict, got {type(saved).__name__}")
-        keys = sorted(set(saved) | set(self.options))
-        diffs = [
-            f"{key}={saved.get(key)!r} when saved but {self.options.get(key)!r} now"
-            for key in keys
-            if saved.get(key) != self.options.get(key)
-        ]
-        if diffs:
-            raise ValueError(
-                "state mismatch: " + "; ".join(diffs) + "; build the sampler with the saved options"
-            )
-
-    def _check_position(self, name: str, value: Any) -> int:
-        """Validate a position within this rank's epoch (0..len inclusive)."""
-        position = check_int(name, value, 0)
-        if position > len(self):
-            raise ValueError(f"{name}={position} exceeds the {len(self)} samples this rank has per epoch")
-        return position
