@@ -14,11 +14,9 @@ workers fork or spawn).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import zlib
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -28,39 +26,18 @@ from packload.core.display import plural, terminal_safe
 from packload.core.errors import ChecksumError, IncompletePackError, PackFormatError, UsageError
 from packload.core.format import (
     INDEX_ENTRY,
-    MANIFEST_NAME,
     PARTIAL_SUFFIX,
     PAYLOAD_FORMATS,
-    check_entries,
     entry_path,
 )
-from packload.core.manifest import MANIFEST_LIMIT
-from packload.core.remote import RemoteStore, is_url
+from packload.core.remote import is_url
 from packload.core.storage import reads_wait
 from packload.core.urls import display_url
+from packload.loaders.pack_open import detect_backend, open_at_url, open_local
 from packload.loaders.prefetch import ParallelFetcher, Prefetcher, cut, distinct
 from packload.loaders.read_backend import LocalPackBackend, PackBackend
-from packload.loaders.read_cache import BlockCache
-from packload.loaders.read_lmdb import LmdbPack
+from packload.loaders.read_checks import check_index_agrees, check_index_digest
 from packload.loaders.read_remote import DEFAULT_BLOCK_SIZE, RemoteShardsPack
-from packload.loaders.read_shards import ShardsPack
-from packload.loaders.remote_lmdb import fetch_lmdb
-
-
-def detect_backend(path: Path) -> str:
-    """``shards`` for a folder, ``lmdb`` for a file; clear errors for anything else."""
-    if path.is_dir():
-        return "shards"
-    if path.is_file():
-        return "lmdb"
-    partial = path.with_name(path.name + PARTIAL_SUFFIX)
-    if partial.exists():
-        raise IncompletePackError(f"{path}: not found, but an unfinished pack is at {partial}; "
-                                  "finish it with `pack SRC DEST --resume`")
-    if path.exists():
-        raise UsageError(f"{path}: not a file or folder (a FIFO, device or socket?); give the .lmdb file or "
-                         "shards folder that `pack` wrote")
-    raise UsageError(f"{path}: no such pack; give the .lmdb file or shards folder that `pack` wrote")
 
 
 def pack_identity(manifest: dict[str, Any]) -> str:
@@ -97,26 +74,16 @@ class PackReader:
             raise IncompletePackError(f"{self.path}: an unfinished pack (it did not finish, or was never renamed "
                                       "into place); finish it with `pack SRC DEST --resume`")
         self.backend = detect_backend(self.path)
-        self.pid = os.getpid()
-        self.closed = False
-        self._pack: PackBackend | None = None  # loaders.read_backend: the backends' one interface
-        self._prefetcher: Prefetcher | None = None
+        self._start()
         if parallel_reads is None:
             parallel_reads = reads_wait(self.path)
         self.parallel_reads = parallel_reads
         self._fetcher = ParallelFetcher() if parallel_reads else ParallelFetcher(0)
         try:
-            opener = ShardsPack if self.backend == "shards" else LmdbPack
-            self._pack = opener(self.path, self._fetcher)
-            self.manifest: dict[str, Any] = self._pack.manifest
-            self.entries: np.ndarray = self._pack.entries
-            self.paths: bytes = self._pack.paths
-            self.part_names: list[str] = self._pack.part_names
-            self.records = len(self.entries)
-            self._check_entries()
+            self._adopt(open_local(self.path, self.backend, self._fetcher))
             self._prefetcher = Prefetcher(self.entries, self._fetcher)
             if check_index:
-                self._check_index_digest()
+                check_index_digest(self.manifest, self.index_bytes(), str(self.path))
         except BaseException:
             self.close()
             raise
@@ -130,37 +97,37 @@ class PackReader:
         self.path = display_url(url.rstrip("/"))  # type: ignore[assignment]
         if self.path.endswith(PARTIAL_SUFFIX):
             raise IncompletePackError(f"{self.path}: an unfinished pack; pack it again")
-        self.pid = os.getpid()
-        self.closed = False
-        self._pack = None
-        self._prefetcher = None
+        self._start()
         self.parallel_reads = True
         self._fetcher = ParallelFetcher(0)  # the remote pack fetches with threads of its own
-        store = RemoteStore(url, storage_options, timeout)
-        cache = BlockCache(cache_dir, cache_limit)
         try:
-            # One listing tells a shards pack (its folder holds a manifest) without asking what the
-            # URL is first, and the manifest is read while the folder is listed: round trips saved
-            # on every open, in every DataLoader worker.
-            listing, manifest_head = _listing_and_manifest(store)
-            if MANIFEST_NAME not in listing and store.kind() == "object":
-                self.backend = "lmdb"
-                self.local_path = Path(fetch_lmdb(store, cache))
-                self._pack = LmdbPack(self.local_path, self._fetcher)
-            else:
-                self.backend = "shards"
-                self._pack = RemoteShardsPack(store, cache, block_size, listing, manifest_head)
-            self.manifest = self._pack.manifest
-            self.entries = self._pack.entries
-            self.paths = self._pack.paths
-            self.part_names = self._pack.part_names
-            self.records = len(self.entries)
-            self._check_entries()
+            self.backend, pack, local = open_at_url(url, self._fetcher, cache_dir, cache_limit, block_size,
+                                                    storage_options, timeout)
+            if local is not None:
+                self.local_path = local  # the LMDB pack's file in the cache folder
+            self._adopt(pack)
             if check_index:
-                self._check_index_digest()
+                check_index_digest(self.manifest, self.index_bytes(), str(self.path))
         except BaseException:
             self.close()
             raise
+
+    def _start(self) -> None:
+        """The state of a reader that has opened nothing yet."""
+        self.pid = os.getpid()
+        self.closed = False
+        self._pack: PackBackend | None = None  # loaders.read_backend: the backends' one interface
+        self._prefetcher: Prefetcher | None = None
+
+    def _adopt(self, pack: PackBackend) -> None:
+        """Read through ``pack``, its index checked against its manifest first."""
+        self._pack = pack
+        self.manifest: dict[str, Any] = pack.manifest
+        self.entries: np.ndarray = pack.entries
+        self.paths: bytes = pack.paths
+        self.part_names: list[str] = pack.part_names
+        self.records = len(self.entries)
+        check_index_agrees(self.manifest, self.entries, str(self.path))
 
     def forked(self) -> PackReader:
         """This reader of a pack at a URL, for a process forked from the one that opened it (a
@@ -181,26 +148,6 @@ class PackReader:
     def ranged(self) -> bool:
         """Whether payloads come by ranged requests to an object store (not from a map of local files)."""
         return isinstance(self._pack, RemoteShardsPack)
-
-    def _check_entries(self) -> None:
-        """What the index says must agree with the manifest (counts, labels) and with itself."""
-        if self.records != self.manifest["records"]:
-            raise PackFormatError(f"{self.path}: manifest says {self.manifest['records']} records, "
-                                  f"index holds {self.records}; the pack is damaged")
-        labels = self.entries["label"]
-        unlabelled = not self.classes or self.manifest.get("labelled") is False
-        if self.records and (int(labels.min()) < -1 or int(labels.max()) >= max(1, len(self.classes))
-                             or (unlabelled and int(labels.max()) != -1)
-                             or (not unlabelled and int(labels.min()) < 0)):
-            raise PackFormatError(f"{self.path}: index holds labels outside the manifest's "
-                                  f"{len(self.classes)} classes; the pack is damaged")
-        check_entries(self.entries, self.encoding, str(self.path))
-
-    def _check_index_digest(self) -> None:
-        expected = self.manifest.get("index", {}).get("sha256")
-        if hashlib.sha256(self.index_bytes()).hexdigest() != expected:
-            raise ChecksumError(f"{self.path}: the index does not match the sha256 in the manifest; the pack "
-                                "is damaged: re-copy it, or run `packload verify` on it")
 
     # -- metadata --------------------------------------------------------------------------
     @property
@@ -387,18 +334,3 @@ class PackReader:
 
     def __getstate__(self) -> dict[str, Any]:
         raise TypeError("a PackReader holds open files; pass the pack's path to other processes instead")
-
-
-def _listing_and_manifest(store: RemoteStore) -> tuple[dict[str, int], bytes | None]:
-    """The listing of a pack's folder, and its manifest's bytes read at the same time (None where
-    there is none to read: an LMDB object, a missing pack; the listing then says what it is)."""
-    def manifest() -> bytes | None:
-        try:
-            return store.read_head(MANIFEST_NAME, MANIFEST_LIMIT + 1)
-        except Exception:  # noqa: BLE001 - the listing, read next, decides and names the problem
-            return None
-
-    with ThreadPoolExecutor(1, thread_name_prefix="packload-manifest") as pool:
-        head = pool.submit(manifest)
-        listing = store.listing()
-        return listing, head.result()
