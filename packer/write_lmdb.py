@@ -5,16 +5,28 @@ contiguous overflow pages, so a chunk reads sequentially, and the pack stays wit
 of a percent of the payload size (one value per small image would waste most of a 4 KiB page
 each). The file is written under a temporary name; the caller renames it into place after
 ``finish``. Until then it holds no manifest, so no reader accepts it as a pack.
+
+The index and the fields part are single values of tens of megabytes per million records. LMDB copies a
+value into pages of its own (malloc'd) when it is put, and py-lmdb cannot reserve a value's space to
+be written in place (``MDB_RESERVE``), so putting one from memory holds two whole copies at once. A
+value of ``RESERVE_BYTES`` or more therefore goes first to an unnamed file beside the pack, piece by
+piece, and its memory is let go; it is then put as zeros of its size (a fresh zeroed buffer, which
+takes no memory until written, so LMDB's copy is the only one), and once that is committed its bytes
+are copied into the value's place in the file (``LmdbLayout`` locates it) a piece at a time. The
+layout is the one any put gives; only the manifest, committed last, makes the pack complete.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 import queue
+import tempfile
 import threading
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +44,7 @@ from packload.core.format import (
     decode_record_header,
     lmdb_chunk_key,
 )
+from packload.core.lmdb_pages import LmdbLayout
 from packload.core.manifest import encode_manifest
 from packload.packer.append_file import start_writeback
 from packload.packer.encode import Encoded
@@ -44,6 +57,10 @@ CHUNK_SIZE = 1 << 20
 # freed, while larger ones make the kernel map and zero fresh pages each time (many more page faults,
 # a large share of the CPU time of packing small files). Commits are cheap: the file is synced once, at the end.
 COMMIT_BYTES = 1 << 20
+# Values this large or larger (a pack's index and fields part, past some 15,000 records) are put as
+# zeros and written in place (see the module's notes); smaller ones are put as they are.
+RESERVE_BYTES = 1 << 20
+COPY_PIECE = 1 << 20  # bytes copied at a time from the spilled value into its place
 
 
 def open_env(path: Path, map_size: int) -> lmdb.Environment:
@@ -210,24 +227,59 @@ class LmdbWriter:
         ``fields`` writes, with its manifest entry) and then the manifest; return the manifest."""
         if self._pieces:
             self._seal_chunk()
-        index = self.index.take_bytes()
+        final: dict[bytes, Any] = {PROGRESS_KEY: None}
         manifest = dict(manifest, parts={"chunks": self.chunks, "chunk_size": self.chunk_size},
-                        index={"name": LMDB_INDEX_KEY.decode(), "size": len(index),
-                               "sha256": hashlib.sha256(index).hexdigest()})
-        final: dict[bytes, Any] = {LMDB_INDEX_KEY: index, PROGRESS_KEY: None}
-        del index
-        if fields is not None:  # the index is stored first (the pack stays unfinished) and its memory let go,
-            self._commits().commit(final)  # then the fields part is made
-            final.clear()
-            data = bytearray()
-            manifest["fields"] = fields(data.extend)
-            final = {LMDB_FIELDS_KEY: data, PROGRESS_KEY: None}
-            del data
+                        index=self._store(LMDB_INDEX_KEY, self._index_part, final))
+        if fields is not None:  # made once the index's memory is let go
+            manifest["fields"] = self._store(LMDB_FIELDS_KEY, fields, final)
         # One transaction: the pack is either unfinished (progress, no manifest) or complete.
         self._commits().commit({**final, LMDB_MANIFEST_KEY: encode_manifest(manifest)})
         self.env.sync(True)
         self.close()
         return manifest
+
+    def _index_part(self, write: Callable[[Any], Any]) -> dict[str, Any]:
+        """Hand ``write`` the index (after which this writer's index is spent); its manifest entry."""
+        index = self.index.take_bytes()
+        write(index)
+        return {"name": LMDB_INDEX_KEY.decode(), "size": len(index), "sha256": hashlib.sha256(index).hexdigest()}
+
+    def _store(self, key: bytes, part: FieldsPart, final: dict[bytes, Any]) -> dict[str, Any]:
+        """Store the value ``part`` writes, piece by piece, under ``key``; return what ``part`` returns.
+        The pieces go to an unnamed file beside the pack. A value under ``RESERVE_BYTES`` is read back
+        into ``final`` (put with the manifest); a larger one is put now as zeros, in a transaction of its
+        own, and its bytes are then copied into its place (the module's notes)."""
+        with tempfile.TemporaryFile(prefix=".packload-value-", dir=self.path.parent) as spill:
+            entry = part(spill.write)
+            size = spill.tell()
+            spill.flush()
+            if size < RESERVE_BYTES:
+                final[key] = os.pread(spill.fileno(), size, 0) if size else b""
+                return entry
+            self._commits().commit({key: bytes(size)})  # zeros: no page of them is touched before LMDB's copy
+            self._fill(key, spill.fileno(), size)
+        return entry
+
+    def _fill(self, key: bytes, source: int, size: int) -> None:
+        """Copy ``size`` bytes of the file ``source`` over the committed value of ``key``, in place."""
+        with open(self.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            layout = LmdbLayout(data, str(self.path))
+            try:
+                place = layout.locate(key)
+            finally:
+                layout.close()
+        if place is None or place[1] != size:
+            raise WriteError(f"{self.path}: {key.decode()} is not where LMDB was to put it ({place}); "
+                             "pack again with --overwrite")
+        fd = os.open(self.path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            for start in range(0, size, COPY_PIECE):
+                piece = os.pread(source, min(COPY_PIECE, size - start), start)
+                if not piece:
+                    raise OSError(f"{self.path}: the spilled {key.decode()} ended early")
+                _pwrite_all(fd, piece, place[0] + start)
+        finally:
+            os.close(fd)
 
     def close(self) -> None:
         """Stop the commit thread, close the environment and remove its lock file; what was
@@ -271,6 +323,14 @@ class LmdbWriter:
                 last = bytes(txn.get(lmdb_chunk_key(writer.chunks)))
             writer._pieces, writer._chunk_len = [last], len(last)
         return writer, kept, progress
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    """Write all of ``data`` at ``offset`` of ``fd``."""
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
 
 
 def _add_chunk(writer: LmdbWriter, value: bytes, kept: list[RecordMeta]) -> bool:
