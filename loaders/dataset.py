@@ -9,6 +9,7 @@ use (an LMDB environment or memory map is never inherited across ``fork``).
 
 from __future__ import annotations
 
+import copy
 import os
 import warnings
 from collections.abc import Callable, Sequence
@@ -242,6 +243,17 @@ class PackedImageFolder(Dataset):
         if self._target is None:
             return labels
         return self._target.batch(self._fields_of(reader), np.asarray(chosen, dtype=np.int64))
+
+    def retarget(self, target: Target | None) -> PackedImageFolder:
+        """A copy of this dataset reading the same pack whose records give ``target`` (a ``Target`` made
+        for this pack's fields; None: the class index) beside their images: how a mix gives each pack
+        the mix's target. This dataset is left as it is."""
+        other = copy.copy(self)
+        other.target = None if target is None else target.spec
+        other._target = target
+        other._engine = other._fields = None  # made for the copy when it first needs them
+        other._decode_threads = DecodeThreads(self._decode_threads.threads)  # a pool of its own, started on use
+        return other
 
     def _fields_of(self, reader: PackReader) -> PackFields:
         """The fields of this process's reader (decoded on first use; checked under ``verify``)."""

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate
 
-from packload.core.errors import ChecksumError, PackFormatError
+from packload.core.errors import ChecksumError, PackFormatError, UsageError
 from packload.core.fields import Column, check_columns_match, decode_fields
 from packload.loaders.read import PackReader
 
@@ -203,15 +203,17 @@ def _no_field(name: str, types: Mapping[str, str]) -> str:
 
 
 class RecordFields(Mapping[str, Any]):
-    """One record's fields, read as they are asked for: what a callable ``target`` is given."""
+    """One record's fields, read as they are asked for: what a callable ``target`` is given.
+    ``label_offset`` is added to the class index; ``where`` starts the message of a missing field."""
 
-    def __init__(self, fields: PackFields, index: int) -> None:
-        self._fields, self._index = fields, index
+    def __init__(self, fields: PackFields, index: int, label_offset: int = 0, where: str = "") -> None:
+        self._fields, self._index, self._label_offset, self._where = fields, index, label_offset, where
 
     def __getitem__(self, name: str) -> Any:
         if name != LABEL and name not in self._fields.columns:
-            raise KeyError(_no_field(name, self._fields.types))
-        return self._fields.value(name, self._index)
+            raise KeyError(self._where + _no_field(name, self._fields.types))
+        value = self._fields.value(name, self._index)
+        return value + self._label_offset if name == LABEL else value
 
     def __iter__(self) -> Iterator[str]:
         return iter([LABEL, *self._fields.columns])
@@ -225,34 +227,42 @@ TargetSpec = str | Sequence[str] | Callable[[Mapping[str, Any]], Any]
 
 class Target:
     """What a dataset returns beside each image: a field's name, a tuple of names, or a callable
-    given ``RecordFields``. Checked against the pack's fields (``types``) when it is made."""
+    given ``RecordFields``. Checked against the pack's fields (``types``) when it is made.
 
-    def __init__(self, spec: TargetSpec, types: Mapping[str, str]) -> None:
+    In a mix of packs (``mix_targets`` makes them): ``label_offset`` turns the pack's class indices into
+    the mix's, ``where`` names the pack in errors, and ``part`` marks a pack's part of a mixed batch:
+    a callable's targets then stay a list, batched once with the rest of the batch (``merge``)."""
+
+    def __init__(self, spec: TargetSpec, types: Mapping[str, str], *, label_offset: int = 0, where: str = "",
+                 part: bool = False) -> None:
         self.spec = spec
+        self.label_offset, self.where, self.part = label_offset, where, part
         if callable(spec):
             self.names: tuple[str, ...] = ()
             return
-        names = (spec,) if isinstance(spec, str) else tuple(spec)
+        names = (spec,) if isinstance(spec, str) else tuple(spec) if isinstance(spec, Sequence) else ()
         if not names or not all(isinstance(name, str) for name in names):
             raise ValueError(f"target={spec!r}: give a field's name, a tuple of names, or a callable")
         for name in names:
             if name != LABEL and name not in types:
-                raise ValueError(f"target={spec!r}: {_no_field(name, types)}")
+                raise ValueError(f"target={spec!r}: {where}{_no_field(name, types)}")
         self.names = names
 
     def one(self, fields: PackFields, index: int) -> Any:
         """Record ``index``'s target."""
         if callable(self.spec):
-            return self.spec(RecordFields(fields, index))
-        values = tuple(fields.value(name, index) for name in self.names)
+            return self.spec(RecordFields(fields, index, self.label_offset, self.where))
+        values = tuple(fields.value(name, index) + self.label_offset if name == LABEL else fields.value(name, index)
+                       for name in self.names)
         return values[0] if isinstance(self.spec, str) else values
 
     def batch(self, fields: PackFields, indices: np.ndarray) -> Any:
         """The targets of the records ``indices``, batched (``PackFields.batch`` for each name; a
-        callable's results through torch's ``default_collate``)."""
+        callable's results through torch's ``default_collate``, or as a list for a ``part``)."""
         if callable(self.spec):
-            return default_collate([self.one(fields, i) for i in np.asarray(indices).tolist()])
-        batches = tuple(fields.batch(name, indices) for name in self.names)
+            return self.collate([self.one(fields, i) for i in np.asarray(indices).tolist()])
+        batches = tuple(fields.batch(name, indices) + self.label_offset if name == LABEL and self.label_offset
+                        else fields.batch(name, indices) for name in self.names)
         return batches[0] if isinstance(self.spec, str) else batches
 
     @staticmethod
@@ -265,8 +275,72 @@ class Target:
         if isinstance(self.spec, str):
             return _collate_one(values)
         if callable(self.spec):
-            return default_collate(values)
+            return values if self.part else default_collate(values)
         return tuple(_collate_one(list(column)) for column in zip(*values, strict=True))
+
+    def merge(self, parts: Sequence[tuple[np.ndarray, Any]], size: int) -> Any:
+        """One batch of ``size`` targets from the packs' parts of it, each ``(its rows in the batch, its
+        targets as a ``part`` Target batches them)``: each name's values as one pack would batch them
+        (a tensor, or a list where they are strings or lists of differing lengths); a callable's
+        results through ``default_collate``, in the batch's order."""
+        if callable(self.spec):
+            return default_collate(_placed(parts, size))
+        if isinstance(self.spec, str):
+            return _merged(parts, size)
+        return tuple(_merged([(rows, batch[k]) for rows, batch in parts], size) for k in range(len(self.names)))
+
+
+def _placed(parts: Sequence[tuple[np.ndarray, Any]], size: int) -> list[Any]:
+    """The parts' values (a sequence each, a tensor's rows) at their rows of a list of ``size``."""
+    values: list[Any] = [None] * size
+    for rows, batch in parts:
+        for row, value in zip(rows.tolist(), batch.unbind(0) if isinstance(batch, torch.Tensor) else batch,
+                              strict=True):
+            values[row] = value
+    return values
+
+
+def _merged(parts: Sequence[tuple[np.ndarray, Any]], size: int) -> Any:
+    """One field's batch from the packs' batches of it: a tensor where every part is one of the same
+    dtype and row shape, else a list."""
+    if len(parts) == 1 and np.array_equal(parts[0][0], np.arange(size)):
+        return parts[0][1]
+    batches = [batch for _, batch in parts]
+    if all(isinstance(batch, torch.Tensor) for batch in batches) and \
+            len({(batch.dtype, tuple(batch.shape[1:])) for batch in batches}) == 1:
+        out = torch.empty((size, *batches[0].shape[1:]), dtype=batches[0].dtype)
+        for rows, batch in parts:
+            out[torch.from_numpy(rows)] = batch
+        return out
+    return _placed(parts, size)
+
+
+def mix_targets(spec: TargetSpec, packs: Sequence[tuple[str, Mapping[str, str], int]]) -> list[Target]:
+    """The ``Target`` of each pack of a mix, ``packs`` giving each one's name (as errors show it), field
+    types and label offset. Every field ``spec`` names must be in every pack, of one type in all: the
+    first that is not gives one line naming the pack, the field and the fixes."""
+    names = (spec,) if isinstance(spec, str) else () if callable(spec) or not isinstance(spec, Sequence) else spec
+    for name in (name for name in names if isinstance(name, str) and name != LABEL):  # Target refuses the rest
+        for shown, types, _ in packs:
+            if name not in types:
+                raise UsageError(f"target={spec!r}: pack {shown} has no field {name!r} ({_fields_of(types)}): give "
+                                 f"every pack of the mix that field (pack it from a table with a {name!r} column), "
+                                 f"leave the pack out, or give a callable target with a default for it, "
+                                 f"target=lambda fields: fields.get({name!r}, ...)")
+        (one, first), *others = [(shown, types[name]) for shown, types, _ in packs]
+        other, second = next(((shown, kind) for shown, kind in others if kind != first), (None, first))
+        if other is not None:
+            given = "float" if {first, second} == {"int", "float"} else "TYPE"
+            raise UsageError(f"target={spec!r}: field {name!r} is {first} in pack {one} and {second} in pack {other}: "
+                             f"a batch takes one type; pack them with one type (--field {name}:{given}), or give a "
+                             "callable target that converts it")
+    return [Target(spec, types, label_offset=offset, where=f"pack {shown}: ", part=True)
+            for shown, types, offset in packs]
+
+
+def _fields_of(types: Mapping[str, str]) -> str:
+    return f"its fields: {', '.join(types)}; 'label' is the class index" if types else \
+        "it has no fields, only 'label', the class index"
 
 
 def _collate_one(values: list[Any]) -> Any:

@@ -4,9 +4,11 @@
 ``offsets[p] + r``) and reads each index from its pack: ``ds[i]``, ``__getitems__`` (a DataLoader's
 batches), ``get_batch`` and ``get_encoded_batch`` (``PackLoader`` and ``batch_loader``) split a batch
 by pack, let each pack build its part as it would alone, and put the parts back in the batch's order.
-The mixing itself is the sampler's (``MixedPacks.sampler()``, a :class:`MixSampler`): how many
-samples each pack gives per epoch, in what order, what happens when a pack runs out, the rank split
-and resume. Labels follow ``loaders/mix_classes.py``. docs/MIXING.md has the whole story.
+``target=`` chooses what comes beside each image, as for one pack: each pack reads it from its own
+fields (``loaders.fields.mix_targets``) and the parts are batched as one. The mixing itself is the
+sampler's (``MixedPacks.sampler()``, a :class:`MixSampler`): how many samples each pack gives per
+epoch, in what order, what happens when a pack runs out, the rank split and resume. Labels follow
+``loaders/mix_classes.py``. docs/MIXING.md has the whole story.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from torch.utils.data import Dataset
 from packload.core.errors import UsageError
 from packload.loaders.crop import CenterCrop
 from packload.loaders.dataset import PackedImageFolder
+from packload.loaders.fields import Target, TargetSpec, mix_targets
 from packload.loaders.hints import PackHints
 from packload.loaders.mix_classes import merge_classes, pack_names
 from packload.loaders.mix_sampler import MixSampler, check_samples_per_epoch, check_weights, pack_seed
@@ -52,9 +55,11 @@ class MixedPacks(Dataset):
     """Packs read as one dataset, their records end to end, sampled by weight (:func:`mix` builds it).
 
     ``ds[i]`` is ``(image, class_index)`` from the pack that holds index ``i`` (each pack's own
-    ``transform`` and output apply), with the class index in the mix's ``classes``. ``len(ds)`` is
-    all the packs' records; an epoch's samples, and how each pack's share is drawn, are the
-    ``sampler()``'s: give it to ``PackLoader``, ``batch_loader`` or a ``DataLoader``.
+    ``transform`` and output apply), with the class index in the mix's ``classes``; with a ``target``,
+    ``(image, target)``, the target read from that pack's fields as ``PackedImageFolder(target=...)``
+    reads it (``label`` being the mix's class index). ``len(ds)`` is all the packs' records; an
+    epoch's samples, and how each pack's share is drawn, are the ``sampler()``'s: give it to
+    ``PackLoader``, ``batch_loader`` or a ``DataLoader``.
 
     Attributes:
         datasets: the packs, in the mix's order; ``names``: their names (``classes`` uses them).
@@ -62,10 +67,12 @@ class MixedPacks(Dataset):
         weights: each pack's share of an epoch (summing to 1); ``samples_per_epoch``: the epoch's size.
         classes, class_to_idx, targets: as ImageFolder's, over the mix (rule: docs/MIXING.md).
         label_offsets: what is added to each pack's own class indices (0 when the packs share classes).
+        target: what comes beside each image (None: the class index); see :func:`mix`.
     """
 
     def __init__(self, datasets: Sequence[PackedImageFolder], weights: Sequence[float] | None = None,
-                 samples_per_epoch: int | None = None, *, seed: int = 0, names: Sequence[str] | None = None) -> None:
+                 samples_per_epoch: int | None = None, *, seed: int = 0, names: Sequence[str] | None = None,
+                 target: TargetSpec | None = None) -> None:
         if isinstance(datasets, PackedImageFolder) or not isinstance(datasets, Sequence) or not datasets:
             raise ValueError("datasets must be a non-empty list of PackedImageFolder packs, "
                              f"got {type(datasets).__name__}")
@@ -88,6 +95,15 @@ class MixedPacks(Dataset):
                 raise UsageError(f"pack {with_transform[0]} has a target_transform, but the packs' classes differ, so "
                                  "the mix shifts each pack's class indices: remove it and map the mix's labels instead")
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
+        self.target = _one_target(target, self.datasets, self.names)
+        self._target: Target | None = None
+        if self.target is not None:  # each pack reads it from its own fields, its labels the mix's
+            targets = mix_targets(self.target, [(f"{name!r} ({dataset.shown})", dataset.fields, int(offset))
+                                                for name, dataset, offset in zip(self.names, self.datasets,
+                                                                                 self.label_offsets, strict=True)])
+            self.datasets = [dataset.retarget(pack_target) for dataset, pack_target in zip(self.datasets, targets,
+                                                                                            strict=True)]
+            self._target = targets[0]
         self.targets = [target + int(self.label_offsets[p]) for p, dataset in enumerate(self.datasets)
                         for target in dataset.targets]
 
@@ -124,12 +140,12 @@ class MixedPacks(Dataset):
         return self.__getitems__([index])[0]
 
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, Any]]:
-        """A batch of ``(image, class_index)`` in the order asked, each pack reading its own records
-        in one call (as a DataLoader asks a dataset for a batch)."""
+        """A batch of ``(image, class_index)`` (or ``(image, target)``) in the order asked, each pack
+        reading its own records in one call (as a DataLoader asks a dataset for a batch)."""
         packs, records = self.locate(indices)
         samples: list[Any] = [None] * len(records)
         for pack, rows in self._groups(packs):
-            offset = int(self.label_offsets[pack])
+            offset = int(self.label_offsets[pack]) if self._target is None else 0  # a target's labels are shifted
             got = self.datasets[pack].__getitems__(records[rows].tolist())
             for row, (image, target) in zip(rows.tolist(), got, strict=True):
                 samples[row] = (image, target + offset if offset else target)
@@ -156,7 +172,8 @@ class MixedPacks(Dataset):
                   crop: CenterCrop | RandomResizedCrop | None = None, pin_memory: bool = False,
                   fast_idct: bool = False, flip: bool | float = False,
                   draws: Draws | None = None, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(B×3×H×W uint8, B int64)`` for the mix's ``indices``, as ``PackedImageFolder.get_batch``.
+        """``(B×3×H×W uint8, B int64)`` for the mix's ``indices``, as ``PackedImageFolder.get_batch``
+        (with a ``target``, its values batched in place of the class indices).
 
         Each pack builds its rows with its own ``get_batch`` (same crop, flip and options; the draws
         keyed by ``draws_of(pack, draws)`` and the record's number in its pack) in the order asked:
@@ -170,9 +187,9 @@ class MixedPacks(Dataset):
             pack = groups[0][0] if groups else 0
             images, labels = self.datasets[pack].get_batch(records, channels_last, **options,
                                                            draws=self.draws_of(pack, draws), out=out)
-            return images, self._shifted(labels, pack)
+            return images, self._joined([(pack, np.arange(len(records)), labels)], len(records), pin_memory)
         pin = pin_memory and torch.cuda.is_available()
-        labels = torch.empty(len(records), dtype=torch.int64, pin_memory=pin)
+        parts: list[tuple[int, np.ndarray, Any]] = []  # each pack's targets, and their rows in the batch
         layout = torch.channels_last if channels_last else torch.contiguous_format
         if crop is not None:  # each pack decodes straight into its rows of the batch: no copy
             shape = (len(records), 3, crop.size, crop.size)
@@ -181,8 +198,8 @@ class MixedPacks(Dataset):
             for pack, rows in groups:
                 _, part_labels = self.datasets[pack].get_batch(records[rows], channels_last, **options,
                                                                draws=self.draws_of(pack, draws), out=out, rows=rows)
-                labels.numpy()[rows] = part_labels.numpy() + self.label_offsets[pack]
-            return out, labels
+                parts.append((pack, rows, part_labels))
+            return out, self._joined(parts, len(records), pin_memory)
         # Without a crop, each pack's images (one size) are copied into their rows of the batch, in
         # the order asked.
         first: tuple[str, tuple[int, ...]] | None = None
@@ -201,33 +218,48 @@ class MixedPacks(Dataset):
                                  "(CenterCrop or RandomResizedCrop) or packs of one image size")
             # NumPy copies whole rows (torch's index_copy_ goes byte by byte)
             _rows(out, channels_last, view=True).numpy()[rows] = _rows(images, channels_last).numpy()
-            labels.numpy()[rows] = part_labels.numpy() + self.label_offsets[pack]
-        return out, labels
+            parts.append((pack, rows, part_labels))
+        return out, self._joined(parts, len(records), pin_memory)
 
     def get_encoded_batch(self, indices: Sequence[int], *,
                           pin_memory: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The batch's stored payloads, undecoded, as ``PackedImageFolder.get_encoded_batch``: one flat
-        uint8 tensor, ``B+1`` int64 offsets, ``B`` int64 labels (the mix's), in the order asked."""
+        uint8 tensor, ``B+1`` int64 offsets, ``B`` int64 labels (the mix's; or the ``target``'s values), in
+        the order asked."""
         packs, records = self.locate(indices)
         groups = self._groups(packs)
         if len(groups) <= 1:
             pack = groups[0][0] if groups else 0
             data, offsets, labels = self.datasets[pack].get_encoded_batch(records, pin_memory=pin_memory)
-            return data, offsets, self._shifted(labels, pack)
+            return data, offsets, self._joined([(pack, np.arange(len(records)), labels)], len(records), pin_memory)
         pieces: list[torch.Tensor] = [torch.empty(0, dtype=torch.uint8)] * len(records)
-        labels = torch.empty(len(records), dtype=torch.int64)
+        parts: list[tuple[int, np.ndarray, Any]] = []
         for pack, rows in groups:
             data, offsets, part_labels = self.datasets[pack].get_encoded_batch(records[rows])
             bounds = offsets.tolist()
             for k, row in enumerate(rows.tolist()):
                 pieces[row] = data[bounds[k] : bounds[k + 1]]
-            labels[torch.from_numpy(rows)] = self._shifted(part_labels, pack)
+            parts.append((pack, rows, part_labels))
         lengths = torch.tensor([0] + [piece.numel() for piece in pieces], dtype=torch.int64)
         data = torch.cat(pieces)
         offsets = torch.cumsum(lengths, 0)
+        labels = self._joined(parts, len(records), pin_memory)
         if pin_memory and torch.cuda.is_available():
-            return data.pin_memory(), offsets.pin_memory(), labels.pin_memory()
+            return data.pin_memory(), offsets.pin_memory(), labels
         return data, offsets, labels
+
+    def _joined(self, parts: list[tuple[int, np.ndarray, Any]], size: int, pin_memory: bool) -> Any:
+        """The batch's targets from each pack's (``(pack, its rows in the batch, its targets)``), in the
+        batch's order: the class indices as the mix's (int64, pinned with ``pin_memory`` where CUDA
+        is), or the ``target``'s values batched as one pack batches them."""
+        if self._target is not None:
+            return self._target.merge([(rows, part) for _, rows, part in parts], size)
+        if len(parts) == 1:  # the whole batch from one pack, in order
+            return self._shifted(parts[0][2], parts[0][0])
+        labels = torch.empty(size, dtype=torch.int64, pin_memory=pin_memory and torch.cuda.is_available())
+        for pack, rows, part in parts:
+            labels.numpy()[rows] = part.numpy() + self.label_offsets[pack]
+        return labels
 
     def _shifted(self, labels: torch.Tensor, pack: int) -> torch.Tensor:
         """A pack's labels as the mix's class indices."""
@@ -292,8 +324,31 @@ def _rows(images: torch.Tensor, channels_last: bool, view: bool = False) -> torc
     return rows.view(images.shape[0], -1) if view else rows.reshape(images.shape[0], -1)
 
 
+def _one_target(target: TargetSpec | None, datasets: Sequence[PackedImageFolder],
+                names: Sequence[str]) -> TargetSpec | None:
+    """The mix's target: ``target``, or the one every pack was opened with. A pack opened with another
+    is refused (a mix gives one target)."""
+    own = [dataset.target for dataset in datasets]
+    chosen = own[0] if target is None else target
+    for name, spec in zip(names, own, strict=True):
+        if (spec is not None or target is None) and not _same_target(spec, chosen):
+            given = f"the mix with target={target!r}" if target is not None else \
+                f"pack {names[0]!r} with target={own[0]!r}"
+            raise UsageError(f"pack {name!r} was opened with target={spec!r} and {given}: a mix gives one "
+                             "target; open the packs without one and give it once, mix(..., target=...)")
+    return chosen
+
+
+def _same_target(a: TargetSpec | None, b: TargetSpec | None) -> bool:
+    """Whether two targets give the same values (a list of names as its tuple)."""
+    if a is None or b is None or isinstance(a, str) or isinstance(b, str) or callable(a) or callable(b):
+        return a is b or a == b
+    return tuple(a) == tuple(b)
+
+
 def mix(datasets: Sequence[PackedImageFolder], weights: Sequence[float] | None = None,
-        samples_per_epoch: int | None = None, *, seed: int = 0, names: Sequence[str] | None = None) -> MixedPacks:
+        samples_per_epoch: int | None = None, *, seed: int = 0, names: Sequence[str] | None = None,
+        target: TargetSpec | None = None) -> MixedPacks:
     """Several packs as one dataset whose sampler draws from them by weight (docs/MIXING.md).
 
     Args:
@@ -304,9 +359,14 @@ def mix(datasets: Sequence[PackedImageFolder], weights: Sequence[float] | None =
         seed: the default seed of ``sampler()``.
         names: the packs' names, used in ``classes`` where two packs' class names collide; default:
             each pack's file name without its suffix.
+        target: what comes beside each image, as ``PackedImageFolder(target=...)``: a field's name, a
+            tuple of names (``label`` is the mix's class index), or a callable given a mapping of the
+            record's fields. Every pack must have the fields it names, of one type; batches hold the
+            values of every pack (numbers as tensors, strings as lists). None: the class index, or the
+            target every pack was opened with.
 
     A pack whose share exceeds its records starts a new pass, in a new order, when it runs out; one
     whose share is smaller goes on in the next epoch where it stopped, so every record is drawn once
     before any is drawn again.
     """
-    return MixedPacks(datasets, weights, samples_per_epoch, seed=seed, names=names)
+    return MixedPacks(datasets, weights, samples_per_epoch, seed=seed, names=names, target=target)
