@@ -45,21 +45,13 @@ from packload.core.threads import single_core_torch_pool
 from packload.core.workers import process_pool
 from packload.packer import encode
 from packload.packer.destination import (
-    check_apart,
-    check_destination,
-    check_name,
-    check_parent,
-    check_partial,
     creation_error,
     exists,
     is_task_folder_name,
-    partial_path,
-    publish,
-    remove_ours,
     system_reason,
 )
-from packload.packer.destination_lock import DestinationLock
 from packload.packer.encode import Encoded, EncodeOptions, Skipped, encode_chunk
+from packload.packer.pack_destination import PackDestination
 from packload.packer.pack_url import pack_to_url
 from packload.packer.resume_options import options_changed, options_from_record
 from packload.packer.table_source import TableOptions, fields_summary, scan_source, table_of
@@ -215,9 +207,6 @@ def _resume_point(scan: ScanResult, kept: list[RecordMeta], progress: dict[str, 
 
 
 # A name of this module, called through it: tests wrap it to stop a pack just before publishing.
-_publish = publish
-
-
 def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: str | None = None,
          options: EncodeOptions | None = None, workers: int | None = None,
          shard_size: int = DEFAULT_SHARD_SIZE, overwrite: bool = False, resume: bool = False,
@@ -258,27 +247,22 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: s
         raise UsageError(f"--workers {workers}: give at least 1")
     if shard_size < 1 << 16:
         raise UsageError(f"--shard-size {shard_size}: give at least 64 KiB (for example 256M)")
-    check_name(dst_path)
-    check_parent(dst_path)
-    check_apart(dst_path, [src_path], "the source folder")
-    with DestinationLock(dst_path):
-        check_destination(dst_path, overwrite)
+    with PackDestination(dst_path, [src_path], "the source folder", overwrite) as destination:
         scan = scan_source(src_path, labels, strict, storage_options)
         scan.check_layout(strict)
         if strict:
             scan.refuse_not_regular()
-        tmp = partial_path(dst_path)
         options_record = {"backend": backend, **asdict(options)}
         if options.size is not None:
             options_record["size"] = list(options.size)
         if table_of(scan) is not None:
             options_record["labels"] = table_of(scan).options_record()
-        writer, start, skipped = _open_writer(scan, tmp, backend, shard_size, options_record, overwrite, resume)
+        writer, start, skipped = _open_writer(scan, destination, backend, shard_size, options_record, resume)
         if shard_sink is not None and isinstance(writer, ShardsWriter):
             writer.shard_sink = shard_sink
         manifest = _write_or_keep(scan, writer, start, skipped, options, options_record, workers, strict,
-                                  progress, checkpoint_every, dst_path, tmp)
-        _publish(tmp, dst_path)
+                                  progress, checkpoint_every, destination)
+        destination.publish()
     seconds = time.perf_counter() - started
     source_bytes = manifest["source"]["bytes"]
     run_files = len(scan.samples) - start  # a resumed pack's rates count this run's files only
@@ -305,13 +289,15 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: s
     }
 
 
-def _open_writer(scan: ScanResult, tmp: Path, backend: str, shard_size: int, options_record: dict[str, Any],
-                 overwrite: bool, resume: bool) -> tuple[ShardsWriter | LmdbWriter, int, list[dict[str, Any]]]:
-    """The writer of ``tmp``: the unfinished pack there reopened (``resume``), or a new one (an
-    unfinished one of ours removed first under ``overwrite``). Returns it, the scan position to go
-    on from and the files skipped before it."""
+def _open_writer(scan: ScanResult, destination: PackDestination, backend: str, shard_size: int,
+                 options_record: dict[str, Any], resume: bool) -> tuple[ShardsWriter | LmdbWriter, int,
+                                                                       list[dict[str, Any]]]:
+    """The writer of the unfinished pack: the one an earlier run left reopened (``resume``), or a new
+    one (an unfinished one of ours removed first under ``overwrite``). Returns it, the scan position
+    to go on from and the files skipped before it."""
+    tmp = destination.partial
     map_size = max(1 << 30, len(scan.samples) * LMDB_MAP_PER_FILE)
-    leftover = check_partial(tmp)
+    leftover = destination.leftover()
     if leftover and resume and (tmp / RAY_RUN_NAME).exists():
         raise UsageError(f"{tmp}: this unfinished pack was started with --engine ray; resume it with "
                          "--engine ray --resume, or start over with --overwrite")
@@ -327,18 +313,19 @@ def _open_writer(scan: ScanResult, tmp: Path, backend: str, shard_size: int, opt
             writer, kept, noted = resumed
             start, skipped = _resume_point(scan, kept, noted, options_record)
             return writer, start, skipped
-        remove_ours(tmp)  # killed before its first checkpoint: nothing to keep
+        destination.discard()  # killed before its first checkpoint: nothing to keep
     elif leftover:
-        if not overwrite and not nothing_to_resume(tmp):
+        if not destination.overwrite and not nothing_to_resume(tmp):
             raise UsageError(f"{tmp}: an unfinished pack is there; add --resume to finish it, "
                              "or --overwrite to start over")
-        remove_ours(tmp)  # replaced (--overwrite), or it holds nothing a resume would keep
-    return _new_writer(tmp, backend, shard_size, map_size, options_record), 0, []
+        destination.discard()  # replaced (--overwrite), or it holds nothing a resume would keep
+    return _new_writer(destination, backend, shard_size, map_size, options_record), 0, []
 
 
-def _new_writer(tmp: Path, backend: str, shard_size: int, map_size: int,
+def _new_writer(destination: PackDestination, backend: str, shard_size: int, map_size: int,
                 options_record: dict[str, Any]) -> ShardsWriter | LmdbWriter:
-    """Create the unfinished pack ``tmp`` and note its first checkpoint; one line if that fails."""
+    """Create the unfinished pack and note its first checkpoint; one line if that fails."""
+    tmp = destination.partial
     writer: ShardsWriter | LmdbWriter | None = None
     try:
         if backend == "lmdb":
@@ -350,8 +337,7 @@ def _new_writer(tmp: Path, backend: str, shard_size: int, map_size: int,
     except (OSError, lmdb.Error) as exc:
         if writer is not None:
             writer.close()
-        if exists(tmp):
-            remove_ours(tmp)
+        destination.discard()
         if isinstance(exc, WriteError):
             raise
         raise creation_error(tmp, exc) from None
@@ -360,18 +346,19 @@ def _new_writer(tmp: Path, backend: str, shard_size: int, map_size: int,
 
 def _write_or_keep(scan: ScanResult, writer: ShardsWriter | LmdbWriter, start: int, skipped: list[dict[str, Any]],
                    options: EncodeOptions, options_record: dict[str, Any], workers: int, strict: bool,
-                   progress: bool, checkpoint_every: int | None, dst: Path, tmp: Path) -> dict[str, Any]:
+                   progress: bool, checkpoint_every: int | None, destination: PackDestination) -> dict[str, Any]:
     """``_write_all``, with write failures as one line; the unfinished pack is kept for ``--resume``
     when it holds a record, and removed when it holds none (nothing to resume: the same command,
     run again, simply starts again)."""
+    dst, tmp = destination.path, destination.partial
     try:
         return _write_all(scan, writer, start, skipped, options, options_record, workers, strict, progress,
                           checkpoint_every)
     except WriteError:
-        _close_keeping(writer, tmp)
+        _close_keeping(writer, destination)
         raise
     except OSError as exc:
-        kept = _close_keeping(writer, tmp)
+        kept = _close_keeping(writer, destination)
         if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
             then = f"then rerun with --resume; the unfinished pack is at {tmp}" if kept else "then pack again"
             raise WriteError(f"{dst}: {exc.strerror} while writing; free space (or raise the file-size "
@@ -379,18 +366,17 @@ def _write_or_keep(scan: ScanResult, writer: ShardsWriter | LmdbWriter, start: i
         where = f"; the unfinished pack is at {tmp}" if kept else ""
         raise WriteError(f"{dst}: write failed ({exc.strerror or exc}){where}") from None
     except BaseException:
-        _close_keeping(writer, tmp)
+        _close_keeping(writer, destination)
         raise
 
 
-def _close_keeping(writer: ShardsWriter | LmdbWriter, tmp: Path) -> bool:
-    """Close ``writer`` after a failure; keep the unfinished pack ``tmp`` only when it holds a record
+def _close_keeping(writer: ShardsWriter | LmdbWriter, destination: PackDestination) -> bool:
+    """Close ``writer`` after a failure; keep the unfinished pack only when it holds a record
     (something ``--resume`` would keep). Whether it was kept."""
     writer.close()
     if writer.index.count:
         return True
-    if exists(tmp):
-        remove_ours(tmp)
+    destination.discard()
     return False
 
 

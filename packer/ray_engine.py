@@ -37,13 +37,8 @@ from packload.core.progress import progress_bar
 from packload.core.remote import is_url
 from packload.core.scan import Sample, ScanResult, printable
 from packload.packer.combine import joined_index
-from packload.packer.destination import (
-    check_apart,
-    check_name,
-    check_parent,
-)
-from packload.packer.destination_lock import DestinationLock
 from packload.packer.encode import EncodeOptions
+from packload.packer.pack_destination import PackDestination
 from packload.packer.pipeline import (
     DEFAULT_SHARD_SIZE,
     backend_for,
@@ -118,12 +113,9 @@ def pack_ray(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backen
         lock: Any = contextlib.nullcontext()
     else:
         dst_path = Path(dst)
-        target = LocalTarget(dst_path, backend_for(dst_path, backend))
-        check_name(dst_path)
-        check_parent(dst_path)
-        if not is_url(src):
-            check_apart(dst_path, [Path(src)], "the source folder")
-        lock = DestinationLock(dst_path)
+        destination = PackDestination(dst_path, [] if is_url(src) else [Path(src)], "the source folder", overwrite)
+        target = LocalTarget(destination, backend_for(dst_path, backend))
+        lock = destination  # entered: the lock held, what is at dst_path checked
     with lock:
         target.check(overwrite)
         top = list_source_top(src, storage_options)  # a missing or unreadable source fails before Ray starts

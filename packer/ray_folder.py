@@ -26,15 +26,8 @@ from packload.core.format import (
 )
 from packload.core.manifest import encode_manifest
 from packload.packer.combine import ShardPayloads, ShardSource, copy_records
-from packload.packer.destination import (
-    check_destination,
-    check_partial,
-    creation_error,
-    exists,
-    partial_path,
-    publish,
-    remove_ours,
-)
+from packload.packer.destination import creation_error
+from packload.packer.pack_destination import PackDestination
 from packload.packer.pipeline import LMDB_MAP_PER_FILE
 from packload.packer.ray_resume import kept_tasks, previous_run, write_run_record
 from packload.packer.ray_task_folder import task_source
@@ -52,10 +45,11 @@ class LocalTarget:
                     "folders) and pack again"
     fields: FieldsPart | None = None  # makes the fields part, of a pack made from a table
 
-    def __init__(self, dst: Path, backend: str) -> None:
-        self.dst, self.backend, self.destination = dst, backend, str(dst)
-        self.tmp = partial_path(dst)
-        self.staging = self.tmp if backend == "shards" else staging_path(dst)
+    def __init__(self, destination: PackDestination, backend: str) -> None:
+        self.dst, self.backend, self.destination = destination.path, backend, str(destination.path)
+        self.place = destination
+        self.tmp = destination.partial
+        self.staging = self.tmp if backend == "shards" else staging_path(self.dst)
         self.place_into = str(self.tmp.resolve()) if backend == "shards" else None
 
     def task_out(self, k: int) -> str:
@@ -63,12 +57,12 @@ class LocalTarget:
         return str(self.staging.resolve() / task_name(k))
 
     def check(self, overwrite: bool) -> None:
-        check_destination(self.dst, overwrite)
+        """Nothing more to check: ``PackDestination`` checked what is there when entered."""
 
     def previous(self, now: dict[str, Any], task_files: int | None, resume: bool, overwrite: bool,
                  root: str) -> dict[str, Any] | None:
         for leftover in dict.fromkeys((self.tmp, self.staging)):
-            check_partial(leftover)
+            self.place.leftover(leftover)
         return previous_run(self.staging, self.tmp, now, task_files, resume, overwrite, Path(root))
 
     def begin(self, record: dict[str, Any]) -> None:
@@ -79,8 +73,8 @@ class LocalTarget:
             raise creation_error(self.staging, exc) from None
 
     def resume(self, ranges: list[tuple[int, int]]) -> tuple[dict[int, dict[str, Any]], dict[int, dict[str, Any]]]:
-        if self.backend == "lmdb" and exists(self.tmp):
-            remove_ours(self.tmp)  # a join the driver did not finish: done again
+        if self.backend == "lmdb":
+            self.place.discard()  # a join the driver did not finish: done again
         return kept_tasks(self.staging, ranges, self.tmp if self.backend == "shards" else None)
 
     def sources(self, results: list[dict[str, Any]]) -> list[ShardSource]:
@@ -96,11 +90,10 @@ class LocalTarget:
 
     def discard(self) -> None:
         for leftover in dict.fromkeys((self.tmp, self.staging)):
-            if exists(leftover):
-                remove_ours(leftover)
+            self.place.discard(leftover)
 
     def publish(self) -> int:
-        publish(self.tmp, self.dst)
+        self.place.publish()
         return pack_size(self.dst)
 
 

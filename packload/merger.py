@@ -37,20 +37,8 @@ from packload.core.progress import progress_bar
 from packload.core.remote import download_pack, is_url
 from packload.core.urls import display_url
 from packload.packer.combine import ShardSource, copy_records, joined_index, label_map, place_shards
-from packload.packer.destination import (
-    check_apart,
-    check_destination,
-    check_name,
-    check_parent,
-    check_partial,
-    creation_error,
-    exists,
-    partial_path,
-    publish,
-    remove_ours,
-    system_reason,
-)
-from packload.packer.destination_lock import DestinationLock
+from packload.packer.destination import creation_error, system_reason
+from packload.packer.pack_destination import PackDestination
 from packload.packer.pipeline import LMDB_MAP_PER_FILE, backend_for
 from packload.packer.upload import upload_pack
 from packload.packer.url_destination import UrlDestination
@@ -188,26 +176,22 @@ def merge(out: str | os.PathLike[str], inputs: list[str | os.PathLike[str]], *, 
         raise UsageError("merge: give at least one pack to merge")
     backend = backend_for(out_path, backend)
     _check_inputs(paths)
-    check_name(out_path)
-    check_apart(out_path, paths, "the input pack")
-    check_parent(out_path)
-    with DestinationLock(out_path):
-        check_destination(out_path, overwrite)
-        tmp = partial_path(out_path)
-        if check_partial(tmp):
+    with PackDestination(out_path, paths, "the input pack", overwrite) as destination:
+        tmp = destination.partial
+        if destination.leftover():
             if not overwrite:
                 raise UsageError(f"{tmp}: an unfinished pack or merge is there; add --overwrite to replace it")
-            remove_ours(tmp)
+            destination.discard()
         readers: list[Any] = []
         try:
             for path in paths:
                 readers.append(_open_checked(path))
             _check_compatible(readers)
-            manifest, maps, linked = _merge_into(readers, tmp, backend, out_path, progress)
+            manifest, maps, linked = _merge_into(readers, destination, backend, progress)
         finally:
             for reader in readers:
                 reader.close()
-        publish(tmp, out_path)
+        destination.publish()
     return {
         "destination": str(out_path),
         "backend": backend,
@@ -250,10 +234,11 @@ def _merge_remote(out: str | os.PathLike[str], inputs: list[str | os.PathLike[st
     return dict(result, inputs=shown, seconds=round(time.perf_counter() - started, 3))
 
 
-def _merge_into(readers: list[Any], tmp: Path, backend: str, out_path: Path,
+def _merge_into(readers: list[Any], destination: PackDestination, backend: str,
                 progress: bool) -> tuple[dict[str, Any], list[np.ndarray | None], int]:
-    """Write the merged pack into ``tmp`` (removed again on any error); its manifest, the label maps
-    and the number of shards hard-linked."""
+    """Write the merged pack into the destination's unfinished pack (removed again on any error); its
+    manifest, the label maps and the number of shards hard-linked."""
+    tmp, out_path = destination.partial, destination.path
     labelled = bool(readers[0].manifest.get("labelled", True)) and any(r.classes for r in readers)
     classes = sorted({name for r in readers for name in r.classes}) if labelled else []
     maps = [label_map(r.classes, classes) if labelled else None for r in readers]
@@ -274,13 +259,11 @@ def _merge_into(readers: list[Any], tmp: Path, backend: str, out_path: Path,
             manifest = _merge_lmdb(readers, maps, tmp, classes, labelled, total, bar)
             linked = 0
     except lmdb.Error as exc:  # an input's LMDB file damaged where LMDB itself reads it
-        if exists(tmp):
-            remove_ours(tmp)
+        destination.discard()
         raise PackFormatError(f"{out_path}: an input could not be read ({system_reason(exc)}); run `packload "
                               "verify` on each input, then re-copy or re-pack the damaged one") from None
     except BaseException:
-        if exists(tmp):
-            remove_ours(tmp)
+        destination.discard()
         raise
     finally:
         bar.close()

@@ -32,7 +32,7 @@ HOLDING_CHILD = textwrap.dedent("""
     import sys, time
     from pathlib import Path
     import packload.packer.pipeline as p
-    import packload.merger as m
+    from packload.packer.pack_destination import PackDestination
     from packload.cli import main
 
     release, phase, argv = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
@@ -42,14 +42,11 @@ HOLDING_CHILD = textwrap.dedent("""
         while not release.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
     if phase == "publish":
-        real_pack_publish, real_merge_publish = p._publish, m.publish
-        def pack_publish(tmp, dst):
+        real_publish = PackDestination.publish  # pack's and merge's
+        def publish(self):
             hold()
-            real_pack_publish(tmp, dst)
-        def merge_publish(tmp, dst):
-            hold()
-            real_merge_publish(tmp, dst)
-        p._publish, m.publish = pack_publish, merge_publish
+            real_publish(self)
+        PackDestination.publish = publish
     else:
         real_encode, held = p.encode_chunk, []
         def encode_chunk(root, samples, options):

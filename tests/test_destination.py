@@ -275,12 +275,13 @@ def test_what_counts_as_a_pack(images: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", ["x.lmdb", "x.shards"])
 def test_a_partial_that_cannot_be_created(images: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     """Past the lock file (made a no-op here), creating DEST.partial fails too: one line, LMDB's too."""
-    import contextlib
+    from types import SimpleNamespace
 
-    import packload.packer.pipeline as pipeline
+    import packload.packer.pack_destination as pack_destination
 
-    monkeypatch.setattr(pipeline, "DestinationLock", lambda dst: contextlib.nullcontext())
-    monkeypatch.setattr(pipeline, "check_parent", lambda dst: None)
+    monkeypatch.setattr(pack_destination, "DestinationLock",
+                        lambda dst: SimpleNamespace(acquire=lambda: None, release=lambda: None))
+    monkeypatch.setattr(pack_destination, "check_parent", lambda dst: None)
     line = refused(["pack", str(images), f"/proc/{name}", "--quiet"], f"/proc/{name}.partial",
                    "virtual file system (proc)", "choose a destination", code=1)
     assert "Traceback" not in line

@@ -14,7 +14,7 @@ from packload import EncodeOptions, merge, pack
 from packload.cli import main
 from packload.loaders.read import PackReader
 from packload.loaders.verify import verify
-from packload.packer.pipeline import partial_path
+from packload.packer.destination import partial_path
 from tests.image_factory import make_image_folder, write_broken_files
 
 

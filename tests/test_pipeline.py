@@ -13,13 +13,13 @@ import pytest
 from packload.core.errors import SkippedFileError, UsageError
 from packload.core.scan import scan_folder
 from packload.loaders.read import PackReader
+from packload.packer.destination import partial_path
 from packload.packer.encode import Encoded, EncodeOptions, Skipped
 from packload.packer.pipeline import (
     backend_for,
     encoded_stream,
     options_from_record,
     pack,
-    partial_path,
     write_or_skip,
 )
 from tests.image_factory import make_image_folder, write_broken_files

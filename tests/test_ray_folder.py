@@ -10,13 +10,14 @@ import pytest
 
 from packload.core.errors import UsageError
 from packload.core.format import RAY_RUN_NAME
+from packload.packer.pack_destination import PackDestination
 from packload.packer.ray_folder import LocalTarget, staging_path
 
 
 @pytest.mark.parametrize("name, backend", [("out.shards", "shards"), ("out.lmdb", "lmdb")])
 def test_tasks_write_under_the_unfinished_pack(tmp_path: Path, name: str, backend: str) -> None:
     dst = tmp_path / name
-    target = LocalTarget(dst, backend)
+    target = LocalTarget(PackDestination(dst), backend)
     staging = dst.with_name(name + ".partial") if backend == "shards" else staging_path(dst)
     assert Path(target.task_out(3)).parent == staging.resolve()
     assert Path(target.task_out(3)) != Path(target.task_out(4))
@@ -27,7 +28,7 @@ def test_tasks_write_under_the_unfinished_pack(tmp_path: Path, name: str, backen
 
 def test_an_unfinished_pack_is_refused_without_resume_and_discarded(tmp_path: Path) -> None:
     dst = tmp_path / "out.shards"
-    target = LocalTarget(dst, "shards")
+    target = LocalTarget(PackDestination(dst), "shards")
     target.begin({"engine": "ray"})
     with pytest.raises(UsageError, match="--resume to finish it"):
         target.previous({"engine": "ray"}, None, resume=False, overwrite=False, root=str(tmp_path))

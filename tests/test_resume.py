@@ -15,7 +15,8 @@ import pytest
 
 from packload import IncompletePackError, PackedImageFolder, PackReader, pack
 from packload.cli import main, pack_summary
-from packload.packer.pipeline import nothing_to_resume, partial_path
+from packload.packer.destination import partial_path
+from packload.packer.pipeline import nothing_to_resume
 from tests.image_factory import make_image_folder, write_broken_files
 
 REPO = Path(__file__).resolve().parents[1]

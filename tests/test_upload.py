@@ -15,6 +15,7 @@ from packload.cli import main  # noqa: E402
 from packload.core.errors import IncompletePackError, WriteError  # noqa: E402
 from packload.loaders.read import PackReader  # noqa: E402
 from packload.packer import pipeline, upload  # noqa: E402
+from packload.packer.pack_destination import PackDestination  # noqa: E402
 from packload.packer.pack_url import pack_to_url as pack_to_url_with  # noqa: E402
 from tests.image_factory import make_image_folder  # noqa: E402
 from tests.object_store import ObjectStore, point_cli_at  # noqa: E402
@@ -108,7 +109,7 @@ def test_failed_pack_to_s3_leaves_nothing_and_the_same_command_starts_again(env,
     readers refuse and the same command, run again, replaces."""
     def stop(*args):
         raise KeyboardInterrupt  # stopped just before the end
-    monkeypatch.setattr(pipeline, "_publish", stop)
+    monkeypatch.setattr(PackDestination, "publish", stop)
     url = f"s3://upl/{tmp_path.name}/k.shards"
     with pytest.raises(KeyboardInterrupt):
         pack_to_url(images, url, shard_size=SHARD, progress=False)

@@ -15,6 +15,8 @@ pytest.importorskip("moto.server", reason="moto[server] is not installed (pip in
 from packload.cli import main  # noqa: E402
 from packload.loaders.read import PackReader  # noqa: E402
 from packload.packer import pipeline  # noqa: E402
+from packload.packer.destination import partial_path  # noqa: E402
+from packload.packer.pack_destination import PackDestination  # noqa: E402
 from tests.image_factory import make_image_folder, write_broken_files  # noqa: E402
 from tests.object_store import ObjectStore, point_cli_at  # noqa: E402
 
@@ -155,7 +157,7 @@ def test_a_failed_pack_with_overwrite_keeps_the_old_pack(env, sources, tmp_path,
 
     def stop(*args):
         raise KeyboardInterrupt  # stopped just before the new pack is complete
-    monkeypatch.setattr(pipeline, "_publish", stop)
+    monkeypatch.setattr(PackDestination, "publish", stop)
     with pytest.raises(KeyboardInterrupt):
         pipeline.pack(sources / "b", url, overwrite=True, progress=False, shard_size=1 << 16)
     assert _objects(env, tmp_path.name) == before
@@ -185,7 +187,7 @@ def test_an_unfinished_local_pack_with_no_record_is_started_again(sources, tmp_p
     """What a pack killed before its first record leaves (its first checkpoint only): nothing a
     resume would keep, so the same command starts again; one with records is still refused."""
     dest = tmp_path / f"k.{backend}"
-    tmp = pipeline.partial_path(dest)
+    tmp = partial_path(dest)
     if backend == "shards":
         tmp.mkdir()
         writer = pipeline.ShardsWriter(tmp, 1 << 16)

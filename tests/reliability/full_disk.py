@@ -41,7 +41,7 @@ def write_limit_check(source: Path, workdir: Path, reference: Path, backend: str
     gives the same records as ``reference``."""
     from packload import PackReader
     from packload.core.errors import PackloadError
-    from packload.packer.pipeline import partial_path
+    from packload.packer.destination import partial_path
 
     problems: list[str] = []
     before = snapshot(source)

@@ -21,6 +21,7 @@ _KILL_CHILD = textwrap.dedent("""
     import sys, time
     import packload.packer.pipeline as p
     import packload.packer.write_shards as ws
+    from packload.packer.pack_destination import PackDestination
     from tests.reliability.packs import small_chunk_writer
     src, dst, delay, pause = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
     p.LmdbWriter = small_chunk_writer()
@@ -48,11 +49,11 @@ _KILL_CHILD = textwrap.dedent("""
     def finish(self, manifest):
         phase("before lmdb finish")
         return real_finish(self, manifest)
-    real_publish = p._publish
-    def publish(tmp, final):
+    real_publish = PackDestination.publish
+    def publish(self):
         phase("before publish")
-        real_publish(tmp, final)
-    p.encode_chunk, p.CHUNK_FILES, ws.write_file_atomic, p._publish = slow, 3, atomic, publish
+        real_publish(self)
+    p.encode_chunk, p.CHUNK_FILES, ws.write_file_atomic, PackDestination.publish = slow, 3, atomic, publish
     p.LmdbWriter.finish = finish
     p.pack(src, dst, workers=1, progress=False, checkpoint_every=7, shard_size=int(sys.argv[5]))
     print("done", flush=True)
@@ -94,8 +95,8 @@ def kill_and_resume(source: Path, dst: Path, reference: Path, point: int | str) 
     from packload import PackedImageFolder, PackReader
     from packload.core.errors import PackloadError
     from packload.loaders.verify import verify
-    from packload.packer.destination import remove_ours
-    from packload.packer.pipeline import nothing_to_resume, partial_path
+    from packload.packer.destination import partial_path, remove_ours
+    from packload.packer.pipeline import nothing_to_resume
 
     problems: list[str] = []
     killed = kill_pack(source, dst, point)
