@@ -36,6 +36,14 @@ _SYNC_FILE_RANGE_WRITE = 2
 _sync_file_range = libc_function("sync_file_range", [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint])
 
 
+def pwrite_all(fd: int, data: Any, offset: int) -> None:
+    """Write all of ``data`` (any buffer) at ``offset`` of ``fd``: ``pwrite`` may write less than asked."""
+    view = memoryview(data).cast("B")
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
+
+
 def start_writeback(fd: int, offset: int = 0, length: int = 0) -> None:
     """Ask the kernel to start writing ``length`` bytes from ``offset`` (0: to the end) of ``fd`` to
     disk, without waiting (Linux ``sync_file_range``). Durability still comes from fsync; this only

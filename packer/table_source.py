@@ -54,6 +54,7 @@ from packload.core.scan import (
     printable,
     scan_folder,
 )
+from packload.packer.append_file import pwrite_all
 from packload.packer.remote_source import NO_IMAGES_HINT, list_class_keys, scan_url, source_name, url_errors
 
 SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet",
@@ -420,9 +421,7 @@ class _Spill:
     def write(self, data: Any) -> tuple[int, int]:
         view = memoryview(data).cast("B")
         at = self.size
-        written = 0
-        while written < len(view):
-            written += os.pwrite(self.file.fileno(), view[written:], at + written)
+        pwrite_all(self.file.fileno(), view, at)
         self.size += len(view)
         return at, len(view)
 

@@ -12,7 +12,7 @@ be written in place (``MDB_RESERVE``), so putting one from memory holds two whol
 value of ``RESERVE_BYTES`` or more therefore goes first to an unnamed file beside the pack, piece by
 piece, and its memory is let go; it is then put as zeros of its size (a fresh zeroed buffer, which
 takes no memory until written, so LMDB's copy is the only one), and once that is committed its bytes
-are copied into the value's place in the file (``LmdbLayout`` locates it) a piece at a time. The
+are copied into the value's place in the file (``lmdb_pages.file_place`` locates it) a piece at a time. The
 layout is the one any put gives; only the manifest, committed last, makes the pack complete.
 """
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import mmap
 import os
 import queue
 import tempfile
@@ -44,9 +43,9 @@ from packload.core.format import (
     decode_record_header,
     lmdb_chunk_key,
 )
-from packload.core.lmdb_pages import LmdbLayout
+from packload.core.lmdb_pages import file_place
 from packload.core.manifest import encode_manifest
-from packload.packer.append_file import start_writeback
+from packload.packer.append_file import pwrite_all, start_writeback
 from packload.packer.encode import Encoded
 from packload.packer.index_builder import IndexBuilder
 from packload.packer.write_shards import FieldsPart
@@ -262,12 +261,7 @@ class LmdbWriter:
 
     def _fill(self, key: bytes, source: int, size: int) -> None:
         """Copy ``size`` bytes of the file ``source`` over the committed value of ``key``, in place."""
-        with open(self.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            layout = LmdbLayout(data, str(self.path))
-            try:
-                place = layout.locate(key)
-            finally:
-                layout.close()
+        place = file_place(str(self.path), key)
         if place is None or place[1] != size:
             raise WriteError(f"{self.path}: {key.decode()} is not where LMDB was to put it ({place}); "
                              "pack again with --overwrite")
@@ -277,7 +271,7 @@ class LmdbWriter:
                 piece = os.pread(source, min(COPY_PIECE, size - start), start)
                 if not piece:
                     raise OSError(f"{self.path}: the spilled {key.decode()} ended early")
-                _pwrite_all(fd, piece, place[0] + start)
+                pwrite_all(fd, piece, place[0] + start)
         finally:
             os.close(fd)
 
@@ -323,14 +317,6 @@ class LmdbWriter:
                 last = bytes(txn.get(lmdb_chunk_key(writer.chunks)))
             writer._pieces, writer._chunk_len = [last], len(last)
         return writer, kept, progress
-
-
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
-    """Write all of ``data`` at ``offset`` of ``fd``."""
-    view = memoryview(data)
-    while view:
-        written = os.pwrite(fd, view, offset)
-        view, offset = view[written:], offset + written
 
 
 def _add_chunk(writer: LmdbWriter, value: bytes, kept: list[RecordMeta]) -> bool:

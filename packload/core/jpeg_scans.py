@@ -10,7 +10,7 @@ at pack time and at read time, on every route, as it refuses any record that can
 
 Counting walks the marker segments only (each length read once; the entropy-coded data after each
 SOS skipped with one vectorised search for the next marker), so a 100 KB baseline JPEG costs tens of
-microseconds (about 1% of decoding it) and a file of 20,000 scans is decided after its first
+microseconds (a small part of decoding it) and a file of 20,000 scans is decided after its first
 ``stop_after`` scans. Damaged data never raises here: the
 count is of what can be walked, and the decoder decides the rest.
 """

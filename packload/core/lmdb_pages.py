@@ -21,8 +21,9 @@ import mmap
 import os
 import threading
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import pairwise
+from typing import Any
 
 import numpy as np
 
@@ -44,10 +45,8 @@ def _key_successor(prefix: bytes) -> bytes | None:
     return stripped[:-1] + bytes([stripped[-1] + 1])
 
 
-def file_keys(path: str) -> list[bytes]:
-    """Every key of the LMDB file ``path``, in order, read from its pages (every field checked; a
-    damaged or foreign file gives ``PackFormatError``). For a file that py-lmdb will not open: LMDB
-    refuses a second environment on a file this process already has open."""
+def _from_file(path: str, read: Callable[[LmdbLayout], Any]) -> Any:
+    """``read`` of the layout of the LMDB file ``path`` (mapped for the call, then let go)."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size == 0:
@@ -55,9 +54,22 @@ def file_keys(path: str) -> list[bytes]:
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
             layout = LmdbLayout(data, path)
             try:
-                return [key for key, _, _ in layout.items(headers=False)]
+                return read(layout)
             finally:
                 layout.close()
+
+
+def file_keys(path: str) -> list[bytes]:
+    """Every key of the LMDB file ``path``, in order, read from its pages (every field checked; a
+    damaged or foreign file gives ``PackFormatError``). For a file that py-lmdb will not open: LMDB
+    refuses a second environment on a file this process already has open."""
+    return _from_file(path, lambda layout: [key for key, _, _ in layout.items(headers=False)])
+
+
+def file_place(path: str, key: bytes) -> tuple[int, int] | None:
+    """(offset, size) of ``key``'s value in the LMDB file ``path``, or None where it has none: read
+    from its pages, as ``file_keys`` reads them (so also while an environment has the file open)."""
+    return _from_file(path, lambda layout: layout.locate(key))
 
 
 class LmdbLayout:
