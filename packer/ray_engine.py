@@ -46,7 +46,7 @@ from packload.packer.pipeline import (
 from packload.packer.ray_folder import LocalTarget
 from packload.packer.ray_resume import run_record
 from packload.packer.ray_scan import list_source_top, scan_in_tasks
-from packload.packer.ray_tasks import pack_range, place_task
+from packload.packer.ray_tasks import pack_range, place_task, settle_after_failure
 from packload.packer.ray_url import UrlLmdbTarget, UrlTarget, url_target
 from packload.packer.table_source import TableOptions, fields_summary, ray_scan, table_of, table_or_none
 
@@ -318,7 +318,7 @@ class _Tasks:
                 try:
                     value = ray.get(ref)
                 except Exception as exc:  # noqa: BLE001 - Ray wraps the task's error; reported in one line
-                    self._cancel()
+                    settle_after_failure(ray, list(self._pending), stop=True)
                     raise _failure(exc, self.target.destination, self.ranges, k, self.scan.samples, self.max_retries,
                                    self.target.after_failure) from None
                 if kind == "pack":
@@ -343,9 +343,3 @@ class _Tasks:
             self._part_base += len(result["parts"])
             self._record_base += result["records"]
             self._next_place += 1
-
-    def _cancel(self) -> None:
-        for ref in self._pending:
-            self.ray.cancel(ref, force=True)
-        if self._pending:
-            self.ray.wait(list(self._pending), num_returns=len(self._pending), timeout=30)

@@ -31,7 +31,7 @@ from packload.core.scan import (
     merge_listings,
     scan_folder,
 )
-from packload.packer.ray_tasks import node_id
+from packload.packer.ray_tasks import node_id, settle_after_failure
 from packload.packer.remote_source import (
     NO_IMAGES_HINT,
     list_class_url,
@@ -101,8 +101,7 @@ def scan_in_tasks(ray: Any, src: str | os.PathLike[str], top: TopListing, root: 
     try:
         results = ray.get(refs)
     except Exception as exc:  # noqa: BLE001 - Ray wraps the task's error; reported in one line
-        for ref in refs:
-            ray.cancel(ref, force=True)
+        settle_after_failure(ray, refs, stop=False)  # listings are short: they end on their own
         raise _failure(exc, root, max_retries) from None
     listings = [listing for result in results for listing in result["listings"]]
     if is_url(root):

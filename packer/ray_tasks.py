@@ -42,6 +42,7 @@ from packload.packer.remote_source import fetched_stream
 from packload.packer.write_shards import ShardsWriter, fsync_dir, write_file_atomic
 
 IO_THREADS = 2  # threads per task when encoding is reading and checking only
+SETTLE_S = 30  # how long a failed run waits for its other tasks to end
 
 
 def task_name(k: int) -> str:
@@ -84,6 +85,22 @@ def node_id() -> str | None:
     except ImportError:
         return None
     return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+
+
+def settle_after_failure(ray: Any, refs: list[Any], stop: bool) -> None:
+    """Let the other tasks of a run that has failed end before the failure is raised (at most
+    ``SETTLE_S``), asking those not yet done to stop first when ``stop``. The cancel is never forced
+    and never sent to a task that has ended: a cancel that crosses a task's reply trips a check in
+    Ray's core worker that ends the driver's process outright (exit 1), so the user would see no
+    error at all. A task Ray is asked to stop gently answers through its own reply."""
+    if not refs:
+        return
+    _, running = ray.wait(refs, num_returns=len(refs), timeout=0)
+    if stop:
+        for ref in running:
+            ray.cancel(ref, force=False)
+    if running:
+        ray.wait(running, num_returns=len(running), timeout=SETTLE_S)
 
 
 def read_range(root: str, samples: list[Sample], options: EncodeOptions,
