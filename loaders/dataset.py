@@ -11,29 +11,27 @@ from __future__ import annotations
 
 import copy
 import os
-import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
 from torch.utils.data import Dataset
 
-from packload.core.errors import ChecksumError, PackChangedError, PackFormatError
+from packload.core.errors import PackChangedError
 from packload.core.remote import is_url
 from packload.core.urls import display_url
 from packload.loaders.batch_engine import BatchEngine
 from packload.loaders.collate import collate_uint8
 from packload.loaders.crop import CenterCrop
-from packload.loaders.decode import DECODE_ERRORS, decode_array, decode_failure, decode_pil, to_output
 from packload.loaders.decode_threads import DecodeThreads
 from packload.loaders.fields import FieldColumn, PackFields, Target, TargetSpec, field_types
 from packload.loaders.hints import PackHints
 from packload.loaders.params import check_decode_size
 from packload.loaders.random_crop import Draws, RandomResizedCrop
 from packload.loaders.read import PackReader
+from packload.loaders.sample_maker import SampleMaker
 from packload.loaders.sampler import PackSampler, Prefetch, default_rank
 
 OUTPUTS = ("pil", "numpy", "tensor", "bytes")
@@ -131,8 +129,10 @@ class PackedImageFolder(Dataset):
         self._reader: PackReader | None = reader if reader.ranged else None
         self._engine: BatchEngine | None = None  # makes whole batches (get_batch), per process
         self._fields: PackFields | None = None
+        self._maker_made: SampleMaker | None = None  # makes the drop-in path's samples, per process
         self._draws = Draws()
-        self._decode_threads = DecodeThreads(decode_threads)
+        # Threads that decode a batch asked for with ``__getitems__`` (one per usable core by default).
+        self.decode_threads = DecodeThreads(decode_threads)
 
     # -- ImageFolder's surface -------------------------------------------------------------
     def __len__(self) -> int:
@@ -143,34 +143,7 @@ class PackedImageFolder(Dataset):
 
     def __getitems__(self, indices: list[int]) -> list[tuple[Any, Any]]:
         """A whole batch: the reader fetches contiguous records in large requests, then decodes."""
-        reader = self.reader()
-        positions = reader.positions(indices)
-        plain_bytes = self.output == "bytes" and self.transform is None and self.target_transform is None \
-            and self._target is None
-        try:
-            if plain_bytes:  # copied straight from the map, no view per record
-                payloads = reader.payload_bytes(positions, verify=self.verify)
-                targets = self.targets
-                return [(payload, targets[i]) for i, payload in zip(positions.tolist(), payloads, strict=True)]
-            views: list[Any] = reader.payloads(positions, verify=self.verify)
-        except ChecksumError:
-            if self.on_error == "raise":
-                raise
-            views = [None] * len(positions)  # fall back to one record at a time below
-        pairs = list(zip(positions.tolist(), views, strict=True))
-        decoded: list[Any] = [None] * len(pairs)
-        if self.output != "bytes" and self._decode_threads.wanted(len(pairs)):
-            decoded = self._decode_threads.map(lambda pair: self._decode_or_none(reader, *pair), pairs)
-        return [self._sample(reader, i, view, image) for (i, view), image in zip(pairs, decoded, strict=True)]
-
-    def _decode_or_none(self, reader: PackReader, index: int, view: memoryview | None) -> Any:
-        """The decoded record, or None when it cannot be (``_sample`` then decides, in order)."""
-        if view is None:
-            return None
-        try:
-            return self._decode(reader, index, view)
-        except Exception:  # noqa: BLE001 - raised or skipped by _sample, with its rules
-            return None
+        return self._maker().samples(indices)
 
     def set_epoch(self, epoch: int, seed: int = 0, rank: int | None = None) -> None:
         """The key of random transforms' draws (``RandomResizedCrop``, its flip) on the drop-in path:
@@ -222,9 +195,23 @@ class PackedImageFolder(Dataset):
 
     def _batches(self) -> BatchEngine:
         """The engine that makes this dataset's whole batches (made on first use in each process)."""
-        if self._engine is None:
-            self._engine = BatchEngine(self)
+        self._engine = self._engine or BatchEngine(self)
         return self._engine
+
+    def _maker(self) -> SampleMaker:
+        """The maker of this dataset's drop-in samples (made on first use in each process)."""
+        self._maker_made = self._maker_made or SampleMaker(self)
+        return self._maker_made
+
+    @property
+    def draws(self) -> Draws:
+        """The key of random transforms' draws, as ``set_epoch`` set it."""
+        return self._draws
+
+    def target_of(self, reader: PackReader, index: int) -> Any:
+        """What record ``index`` gives beside its image, before ``target_transform``: its class
+        index, or the ``target``'s value (``reader``: this process's reader)."""
+        return self.targets[index] if self._target is None else self._target.one(self._fields_of(reader), index)
 
     def transformed_batch(self, positions: np.ndarray, pin_memory: bool) -> tuple[torch.Tensor, Any]:
         """Records ``positions`` as this dataset's samples (its ``transform`` deciding the images, one
@@ -252,7 +239,8 @@ class PackedImageFolder(Dataset):
         other.target = None if target is None else target.spec
         other._target = target
         other._engine = other._fields = None  # made for the copy when it first needs them
-        other._decode_threads = DecodeThreads(self._decode_threads.threads)  # a pool of its own, started on use
+        other._maker_made = None
+        other.decode_threads = DecodeThreads(self.decode_threads.threads)  # a pool of its own, started on use
         return other
 
     def _fields_of(self, reader: PackReader) -> PackFields:
@@ -309,8 +297,7 @@ class PackedImageFolder(Dataset):
         the page cache), except with ``order="random"``, where every record would be announced on
         its own (a system call per record). ``False`` announces nothing; a path or callable is passed
         on as it is."""
-        if prefetch is True:  # not for a full random order: there every record is a range of its own, and
-            # a syscall per record costs more than it saves when the records are small and cached
+        if prefetch is True:  # a syscall per record (random order) costs more than it saves when cached
             random = shuffle and options.get("order", "block") == "random"
             prefetch = None if random else PackHints(self.root, opener=self.reader)
         elif prefetch is False:
@@ -342,60 +329,11 @@ class PackedImageFolder(Dataset):
         if self._engine is not None:
             self._engine.close()
         self._fields = None
-        self._decode_threads.close()
-
-    def _sample(self, reader: PackReader, index: int, view: memoryview | None,
-                decoded: Any = None) -> tuple[Any, Any]:
-        """Record ``index`` (``decoded``: its image, when decoded already), transformed; a damaged
-        one raises, or is skipped for the next intact record under ``on_error="skip"``."""
-        for attempt in range(len(self)):
-            candidate = (index + attempt) % len(self)
-            try:
-                if decoded is not None and not attempt:
-                    image = decoded
-                else:
-                    if view is None or attempt:
-                        view = reader.payload(candidate, verify=self.verify)
-                    image = self._decode(reader, candidate, view)
-            except Image.DecompressionBombError as exc:
-                raise decode_failure(exc, reader.where(candidate)) from None
-            except (PackFormatError, *DECODE_ERRORS) as exc:
-                if self.on_error == "raise":
-                    if isinstance(exc, PackFormatError):
-                        raise
-                    raise decode_failure(exc, reader.where(candidate)) from exc
-                warnings.warn(f"skipping damaged {reader.where(candidate)}: {exc}", stacklevel=3)
-                continue
-            target = self.targets[candidate] if self._target is None else \
-                self._target.one(self._fields_of(reader), candidate)
-            if getattr(self.transform, "keyed", False):  # draws keyed by the sample (RandomResizedCrop)
-                image = self.transform(image, index=index, draws=self._draws)
-            elif self.transform is not None:
-                image = self.transform(image)
-            if self.target_transform is not None:
-                target = self.target_transform(target)
-            return image, target
-        raise PackFormatError(f"{self.shown}: no intact record left to return")
-
-    def _decode(self, reader: PackReader, index: int, view: memoryview) -> Any:
-        if self.output == "bytes":
-            return bytes(view)
-        entry = reader.entries[index]
-        fmt = reader.format_of(index)
-        width, height = int(entry["width"]), int(entry["height"])
-        orientation = int(entry["orientation"]) if self.exif_transpose else 0
-        if self.output == "pil":
-            return decode_pil(view, fmt, width, height, self.decode_size, orientation)
-        mode = entry["mode"].decode("ascii", "replace")
-        pixels = decode_array(view, fmt, mode, width, height, self.decode_size, orientation, self.fast_jpeg)
-        return to_output(pixels, self.output)
+        self.decode_threads.close()
 
     def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_reader"] = None  # OS resources stay in the process that opened them
-        state["_engine"] = None
-        state["_fields"] = None
-        return state
+        # OS resources stay in the process that opened them; the rest is made again on use.
+        return {**self.__dict__, "_reader": None, "_engine": None, "_maker_made": None, "_fields": None}
 
     def __repr__(self) -> str:
         return (f"PackedImageFolder({str(self.root)!r}, records={len(self)}, classes={len(self.classes)}, "

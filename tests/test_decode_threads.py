@@ -55,13 +55,14 @@ def test_the_decoding_runs_on_the_pool_and_not_with_one_thread(pack: Path) -> No
     for threads, expected in ((3, "packload-decode"), (1, threading.main_thread().name)):
         ds = PackedImageFolder(pack, output="numpy", decode_threads=threads)
         names: list[str] = []
-        decode = ds._decode
+        maker = ds._maker()
+        decode = maker.decode
 
         def noting(*args: object, decode=decode, names=names) -> object:
             names.append(threading.current_thread().name)
             return decode(*args)
 
-        ds._decode = noting  # type: ignore[method-assign]
+        maker.decode = noting  # type: ignore[method-assign]
         ds.__getitems__(list(range(8)))
         assert len(names) == 8 and all(name.startswith(expected) for name in names), (threads, names)
 
