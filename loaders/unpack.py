@@ -49,8 +49,9 @@ from PIL import Image
 
 from packload.core.display import terminal_safe
 from packload.core.errors import PackFormatError, UsageError, WriteError
+from packload.core.pack_download import download_pack
 from packload.core.progress import progress_bar
-from packload.core.remote import download_pack, is_url
+from packload.core.remote import is_url
 from packload.core.storage import unwritable_reason
 from packload.loaders.fields import table_text
 from packload.loaders.read import PackReader

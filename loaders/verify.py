@@ -26,8 +26,9 @@ from packload.core.format import (
     entry_path,
 )
 from packload.core.manifest import ignored_count, skipped_count
+from packload.core.pack_download import download_pack
 from packload.core.progress import progress_bar
-from packload.core.remote import download_pack, is_url
+from packload.core.remote import is_url
 from packload.core.urls import display_url
 from packload.loaders.decode import decode_pil
 from packload.loaders.fields import fields_info, verify_fields

@@ -33,8 +33,9 @@ from packload.core.display import terminal_safe
 from packload.core.errors import PackFormatError, UsageError
 from packload.core.format import INDEX_NAME, MANIFEST_NAME, decode_index, pack_size
 from packload.core.manifest import build_manifest, encode_manifest, ignored_count, skipped_count
+from packload.core.pack_download import download_pack
 from packload.core.progress import progress_bar
-from packload.core.remote import download_pack, is_url
+from packload.core.remote import is_url
 from packload.core.urls import display_url
 from packload.packer.combine import ShardSource, copy_records, joined_index, label_map, place_shards
 from packload.packer.destination import creation_error, system_reason

@@ -16,7 +16,8 @@ pytest.importorskip("moto.server", reason="moto[server] is not installed (pip in
 from packload import PackloadError, pack, pack_ray  # noqa: E402
 from packload.cli import main  # noqa: E402
 from packload.core.format import MANIFEST_NAME, RAY_RUN_NAME, TASK_DONE_NAME  # noqa: E402
-from packload.core.remote import RemoteStore, download_pack  # noqa: E402
+from packload.core.pack_download import download_pack  # noqa: E402
+from packload.core.remote import RemoteStore  # noqa: E402
 from packload.loaders.read import PackReader  # noqa: E402
 from tests.image_factory import make_image_folder, write_broken_files, write_hidden_and_stray  # noqa: E402
 from tests.object_store import ObjectStore  # noqa: E402
