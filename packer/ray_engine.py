@@ -279,8 +279,8 @@ class _Tasks:
     """Runs one ``pack_range`` task per range not ``kept`` from an interrupted run (spread over the
     nodes) and, for a shards pack, one ``place_task`` per range not placed yet, as soon as every
     range before it has finished (its first part and record numbers are known then), so most
-    renumbering overlaps the packing. A failure that outlived Ray's retries cancels the rest and
-    raises one clear error."""
+    renumbering overlaps the packing. A failure that outlived Ray's retries stops the rest
+    (``settle_after_failure``) and raises one clear error."""
 
     def __init__(self, ray: Any, scan: ScanResult, root: str, ranges: list[tuple[int, int]],
                  target: Target, max_retries: int, kept: dict[int, dict[str, Any]],
