@@ -34,7 +34,8 @@ from packload.core.safe_files import (
     read_open_file,
     read_regular,
 )
-from packload.core.scan import NOT_REGULAR, Sample
+from packload.core.scan import Sample
+from packload.core.special_files import NOT_REGULAR
 
 CHECKS = ("fast", "full")
 

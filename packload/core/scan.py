@@ -15,18 +15,16 @@ end, so such entries are left out with the reason, decided from the folder listi
 from __future__ import annotations
 
 import os
-import stat
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from operator import attrgetter
 from pathlib import Path
 from typing import NamedTuple
 
 from packload.core.errors import SkippedFileError, UsageError
-from packload.core.safe_files import kind_of
 from packload.core.samples import Sample, SampleList
+from packload.core.special_files import NOT_REGULAR, not_regular_reason, special_reason
 
 # The same list as torchvision.datasets.folder.IMG_EXTENSIONS.
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -34,7 +32,6 @@ IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tif
 
 SPLIT_NAMES = frozenset({"train", "training", "val", "valid", "validation", "test", "testing", "eval",
                          "evaluation", "dev", "holdout"})  # folder names of dataset splits
-NOT_REGULAR = "not a regular file"  # in the reason of every entry left out for being no regular file
 
 
 @dataclass
@@ -153,66 +150,7 @@ def is_image_name(name: str) -> bool:
     return name.lower().endswith(IMG_EXTENSIONS)
 
 
-# File systems of the system itself, not of data: walking into one through a link would read
-# kernel tables (``/proc/<pid>/root`` leads back to ``/``) or meet devices.
-_SPECIAL_FS = frozenset({"proc", "sysfs", "devtmpfs", "devpts", "debugfs", "tracefs", "securityfs", "cgroup",
-                         "cgroup2", "configfs", "pstore", "bpf", "fusectl", "mqueue", "efivarfs", "binfmt_misc",
-                         "selinuxfs", "hugetlbfs", "rpc_pipefs", "nsfs", "devfs"})
-_SPECIAL_DIRS = ("/proc", "/sys", "/dev")  # where they are mounted (``/dev`` is a tmpfs in containers)
 _by_name = attrgetter("name")
-
-
-@lru_cache(maxsize=1)
-def special_devices() -> dict[int, str]:
-    """Device numbers (``st_dev``) of the special file systems mounted here, with their type: those
-    listed in ``/proc/self/mountinfo``, and ``/proc``, ``/sys`` and ``/dev`` where they are mount points."""
-    found: dict[int, str] = {}
-    try:
-        with open("/proc/self/mountinfo", "rb") as f:
-            table = f.read(1 << 24).decode("utf-8", "replace")  # a few KB; bounded all the same
-    except OSError:
-        table = ""
-    for line in table.splitlines():
-        fields, _, rest = line.partition(" - ")
-        words, kind = fields.split(), rest.split(" ", 1)[0]
-        if kind in _SPECIAL_FS and len(words) > 2 and words[2].count(":") == 1:
-            major, minor = words[2].split(":")
-            if major.isdigit() and minor.isdigit():
-                found[os.makedev(int(major), int(minor))] = kind
-    try:
-        top = os.stat("/").st_dev
-    except OSError:
-        return found
-    for path in _SPECIAL_DIRS:
-        try:
-            dev = os.stat(path).st_dev
-        except OSError:
-            continue
-        if dev != top:
-            found.setdefault(dev, path.strip("/"))
-    return found
-
-
-def _special_reason(st_dev: int) -> str | None:
-    """Why a folder on device ``st_dev`` is not walked, when it is on a special file system."""
-    kind = special_devices().get(st_dev)
-    if kind is None:
-        return None
-    return f"a folder on the system's {kind} file system (kernel files and devices, not images): not scanned"
-
-
-def not_regular_reason(entry: os.DirEntry[str]) -> str | None:
-    """Why ``entry`` (not a folder, not a regular file by its listing type) is left out: a FIFO, a
-    socket, a device, possibly behind a link. None when it may be read after all: a broken link or
-    one that cannot be followed is kept, so that reading it names the problem as for any broken file."""
-    try:
-        mode = entry.stat().st_mode  # follows links, as ImageFolder does
-    except OSError:
-        return None
-    if stat.S_ISREG(mode):
-        return None
-    through = " (through a symbolic link)" if entry.is_symlink() else ""
-    return f"{kind_of(mode)}{through}, {NOT_REGULAR}"
 
 
 def _is_dir(entry: os.DirEntry[str]) -> bool:
@@ -262,7 +200,7 @@ def _walk_files(top: Path, root: Path, ignored: list[dict[str, str]]) -> list[st
                                 "reason": "symlink loop: folder already scanned"})
                 continue
             seen_dirs.add((st.st_dev, st.st_ino))
-            special = _special_reason(st.st_dev)
+            special = special_reason(st.st_dev)
             if special is not None:
                 ignored.append({"path": printable(_rel(Path(dirpath), root)), "reason": special})
                 continue
@@ -344,7 +282,7 @@ def list_top(src: str | os.PathLike[str]) -> TopListing:
         raise UsageError(f"{root}: source folder not found; give the folder that holds your images")
     if not root.is_dir():
         raise UsageError(f"{root}: not a folder; give the folder that holds one sub-folder per class")
-    special = _special_reason(root.stat().st_dev)
+    special = special_reason(root.stat().st_dev)
     if special is not None:
         raise UsageError(f"{root}: {special.partition(':')[0]}; give the folder that holds your images")
     # Names only: a flat folder of a million images must not hold a DirEntry per file while it is listed.
