@@ -48,18 +48,17 @@ from typing import Any
 from PIL import Image
 
 from packload.core.display import terminal_safe
-from packload.core.errors import PackFormatError, UsageError, WriteError
+from packload.core.errors import PackFormatError, UsageError
 from packload.core.pack_download import download_pack
 from packload.core.progress import progress_bar
 from packload.core.remote import is_url
 from packload.core.storage import unwritable_reason
 from packload.loaders.fields import table_text
+from packload.loaders.no_follow_writes import DIR_FLAGS, NEW_FILE_FLAGS, FolderChain, write_replacing
 from packload.loaders.read import PackReader
 
 _SUFFIX = {"JPEG": ".jpg", "PNG": ".png", "raw": ".png"}
 _FITTING = {"JPEG": {".jpg", ".jpeg", ".jpe", ".jfif"}, "PNG": {".png"}, "raw": {".png"}}  # kept as they are
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def safe_relative_path(path: str) -> PurePosixPath:
@@ -136,7 +135,7 @@ def _check_distinct(rels: list[PurePosixPath], targets: list[Target], key: Calla
 def _folds_case(dir_fd: int) -> bool:
     """Whether the file system of the folder ``dir_fd`` treats names that differ in case as one."""
     name = f".packload-case-{secrets.token_hex(6)}"
-    os.close(os.open(name, _NEW_FILE_FLAGS, 0o600, dir_fd=dir_fd))
+    os.close(os.open(name, NEW_FILE_FLAGS, 0o600, dir_fd=dir_fd))
     try:
         os.stat(name.upper(), dir_fd=dir_fd, follow_symlinks=False)
         return True
@@ -197,102 +196,6 @@ def _check_apart(pack: Path, out: Path) -> None:
         raise UsageError(f"{out}: {where} {pack}; unpack into a folder outside the pack")
 
 
-# -- writing without following links ----------------------------------------------------------
-def _open_dir(parent_fd: int, name: str, shown: Path) -> int:
-    """Folder ``name`` in ``parent_fd``, created if missing; never through a link. ``shown``: its
-    path as the user knows it, for errors."""
-    for _ in range(2):  # a second try if it appears between the open and the mkdir
-        try:
-            return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
-        except FileNotFoundError:
-            try:
-                os.mkdir(name, 0o777, dir_fd=parent_fd)
-            except FileExistsError:
-                pass
-            except OSError as exc:
-                raise WriteError(f"{shown}: could not create it ({exc.strerror}); fix permissions, or unpack "
-                                 "into another folder") from None
-        except OSError as exc:
-            try:
-                mode = os.stat(name, dir_fd=parent_fd, follow_symlinks=False).st_mode
-            except OSError:
-                mode = stat.S_IFDIR
-            if stat.S_ISDIR(mode):
-                raise WriteError(f"{shown}: could not open it ({exc.strerror}); fix permissions, or unpack "
-                                 "into another folder") from None
-            what = "is a symbolic link" if stat.S_ISLNK(mode) else "exists and is not a folder"
-            raise UsageError(f"{shown}: {what}, and a record needs a folder there; remove it, or unpack into "
-                             "a new folder") from None
-    raise UsageError(f"{shown}: changed while it was being created; unpack again")
-
-
-class _Tree:
-    """The folders below one root, opened one component at a time through their parent's
-    descriptor. Records come grouped by folder, so only the current chain is kept open."""
-
-    def __init__(self, root_fd: int, shown: Path) -> None:
-        self.root_fd = root_fd
-        self.shown = shown
-        self._chain: list[tuple[str, int]] = []  # open folders below the root, outermost first
-
-    def enter(self, folders: tuple[str, ...]) -> int:
-        """The descriptor of ``root/folders...``, creating what is missing."""
-        common = 0
-        while common < min(len(folders), len(self._chain)) and self._chain[common][0] == folders[common]:
-            common += 1
-        self._drop(common)
-        for depth in range(common, len(folders)):
-            parent = self._chain[-1][1] if self._chain else self.root_fd
-            shown = self.shown.joinpath(*folders[: depth + 1])
-            self._chain.append((folders[depth], _open_dir(parent, folders[depth], shown)))
-        return self._chain[-1][1] if self._chain else self.root_fd
-
-    def _drop(self, keep: int) -> None:
-        while len(self._chain) > keep:
-            os.close(self._chain.pop()[1])
-
-    def close(self) -> None:
-        self._drop(0)
-
-
-def _write_file(dir_fd: int, name: str, data: memoryview, shown: Path, written: set[tuple[int, int]]) -> None:
-    """Write ``data`` to ``name`` in ``dir_fd`` through a temporary name and a rename, which replaces
-    a file or link there without following it. ``written``: (device, inode) of the files this unpack
-    wrote; replacing one of them would lose a record, so that is an error."""
-    while True:
-        tmp = f".packload-{secrets.token_hex(8)}.tmp"  # short: the final name may be at the length limit
-        try:
-            fd = os.open(tmp, _NEW_FILE_FLAGS, 0o666, dir_fd=dir_fd)
-            break
-        except FileExistsError:
-            continue
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            st = os.fstat(f.fileno())
-        try:
-            old = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        except FileNotFoundError:
-            old = None
-        if old is not None and stat.S_ISDIR(old.st_mode):
-            raise UsageError(f"{shown}: is a folder, and a record is a file of that name; remove it, or unpack "
-                             "into a new folder")
-        if old is not None and (old.st_dev, old.st_ino) in written:
-            raise UsageError(f"{shown}: two records map to this one file on this file system (it does not tell "
-                             "their names apart); unpack onto another file system")
-        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    except BaseException as exc:
-        try:
-            os.unlink(tmp, dir_fd=dir_fd)
-        except OSError:
-            pass
-        if isinstance(exc, OSError) and not isinstance(exc, WriteError):
-            raise WriteError(f"{shown}: could not write it ({exc.strerror or exc}); free space or fix "
-                             "permissions, or unpack into another folder") from exc
-        raise
-    written.add((st.st_dev, st.st_ino))
-
-
 def _image_bytes(reader: PackReader, i: int) -> memoryview:
     """Record ``i``'s file bytes, its checksum checked: the payload, or a PNG of raw pixels."""
     payload = reader.payload(i, verify=True)
@@ -309,14 +212,14 @@ def _write_all(reader: PackReader, targets: list[Target], root_fd: int, shown: P
                progress: bool) -> tuple[int, int]:
     """Write every record below ``root_fd``, grouped by folder; (files written, bytes written)."""
     order = sorted(range(len(targets)), key=lambda i: targets[i].path.parts[:-1])
-    tree = _Tree(root_fd, shown)
+    tree = FolderChain(root_fd, shown)
     written: set[tuple[int, int]] = set()
     size = 0
     try:
         for i in progress_bar(order, unit="img", desc=f"unpack {terminal_safe(reader.path.name)}", disable=not progress):
             parts = targets[i].path.parts
             data = _image_bytes(reader, i)
-            _write_file(tree.enter(parts[:-1]), parts[-1], data, shown.joinpath(*parts), written)
+            write_replacing(tree.enter(parts[:-1]), parts[-1], data, shown.joinpath(*parts), written)
             size += len(data)
     finally:
         tree.close()
@@ -338,7 +241,7 @@ def _staged(out: Path) -> Iterator[int]:
             except FileExistsError:
                 continue
         try:
-            stage_fd = os.open(stage, _DIR_FLAGS, dir_fd=parent_fd)
+            stage_fd = os.open(stage, DIR_FLAGS, dir_fd=parent_fd)
             try:
                 yield stage_fd
             finally:
@@ -360,7 +263,7 @@ def _in_place(out: Path, was_empty: bool) -> Iterator[int]:
     """The existing folder ``out``, as a descriptor; emptied again when the block raises if it was
     empty before (so a failed unpack leaves it as it found it)."""
     try:
-        fd = os.open(out, _DIR_FLAGS)
+        fd = os.open(out, DIR_FLAGS)
     except OSError as exc:
         raise UsageError(f"{out}: cannot be opened as a folder ({exc.strerror}); give a real folder") from None
     try:
@@ -422,5 +325,5 @@ def _write_table(reader: PackReader, targets: list[Target], root_fd: int, shown:
     stem = PurePosixPath(packed).stem if "/" not in packed and "\\" not in packed else ""
     name = f"{stem}.csv" if stem and not stem.startswith(".") and "\0" not in stem else "labels.csv"
     text = table_text(reader, [str(target.path) for target in targets])
-    _write_file(root_fd, name, memoryview(text.encode("utf-8")), shown / name, set())
+    write_replacing(root_fd, name, memoryview(text.encode("utf-8")), shown / name, set())
     return name

@@ -188,8 +188,8 @@ def test_case_folding_renames_a_changed_suffix(tmp_path: Path, backend: str, mon
 def test_a_name_the_plan_missed_is_never_overwritten(keep_packs: dict[str, Path], tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """The second guard: a later record landing on a file this unpack wrote is an error."""
-    real = unpack_module._write_file
-    monkeypatch.setattr(unpack_module, "_write_file", lambda fd, name, *rest: real(fd, "same.png", *rest))
+    real = unpack_module.write_replacing
+    monkeypatch.setattr(unpack_module, "write_replacing", lambda fd, name, *rest: real(fd, "same.png", *rest))
     out = tmp_path / "out"
     _error(["unpack", "--quiet", str(keep_packs["shards"]), str(out)], "two records map to this one file")
     assert not out.exists() and _leftovers(tmp_path) == []
@@ -347,7 +347,7 @@ def test_damaged_record_leaves_no_out(keep_packs: dict[str, Path], tmp_path: Pat
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_interrupt_leaves_no_out(keep_packs: dict[str, Path], tmp_path: Path, backend: str,
                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    real = unpack_module._write_file
+    real = unpack_module.write_replacing
     calls = []
 
     def interrupted(*args: object) -> None:
@@ -356,7 +356,7 @@ def test_interrupt_leaves_no_out(keep_packs: dict[str, Path], tmp_path: Path, ba
             raise KeyboardInterrupt
         real(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(unpack_module, "_write_file", interrupted)
+    monkeypatch.setattr(unpack_module, "write_replacing", interrupted)
     out = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt):
         unpack(keep_packs[backend], out, progress=False)
