@@ -151,10 +151,13 @@ class Step:
             usleep(slice_us)
 
     def __call__(self) -> float:
+        """One step; the seconds it held the GIL (none at fraction 0: the clock read twice around
+        nothing can still count a moment this thread was not running, on a busy machine)."""
         start = time.perf_counter()
+        held = 0.0
         if self.slices:
             self._slice(self.slices)
-        held = time.perf_counter() - start
+            held = time.perf_counter() - start
         self.wait_until(start + self.step_s)
         return held
 
