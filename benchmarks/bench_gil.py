@@ -154,12 +154,11 @@ class Step:
         """One step; the seconds it held the GIL (none at fraction 0: the clock read twice around
         nothing can still count a moment this thread was not running, on a busy machine)."""
         start = time.perf_counter()
-        held = 0.0
         if self.slices:
             self._slice(self.slices)
-            held = time.perf_counter() - start
+        held = time.perf_counter() - start
         self.wait_until(start + self.step_s)
-        return held
+        return held if self.slices else 0.0
 
 
 @contextlib.contextmanager
