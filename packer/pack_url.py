@@ -85,9 +85,11 @@ def _pack_shards(src: str | os.PathLike[str], local: Path, destination: UrlDesti
         except BaseException:
             uploader.abandon()  # the error that stopped the pack is the one to report
             raise
-        waiting = uploader.waiting_bytes() + local_bytes(local)
-        with TransferBar(f"upload {destination.name}", waiting, options.get("progress", True)) as sent:
-            uploader.sent = destination.sent = sent
+        # the bar covers every shard: those uploaded while packing count at once, the rest as they go
+        total = uploader.given_bytes + local_bytes(local)
+        with TransferBar(f"upload {destination.name}", total, options.get("progress", True)) as sent:
+            uploader.follow(sent)
+            destination.sent = sent
             uploader.wait()
             destination.publish_shards(local)
     except BaseException:

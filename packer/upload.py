@@ -42,7 +42,9 @@ class ShardUploader:
         self.outbox = outbox
         self.in_flight = in_flight
         self.uploaded: list[str] = [] if uploaded is None else uploaded
-        self.sent: Callable[[int], None] | None = None  # told each shard's bytes once it is up (progress)
+        self.given_bytes = 0  # bytes of every shard given so far (the writer's thread alone adds to it)
+        self._sent: Callable[[int], None] | None = None  # told each shard's bytes once it is up (progress)
+        self._done_bytes = 0  # bytes of the shards uploaded so far
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="packload-upload")
         self._pending: deque[Future[None]] = deque()
         self._lock = threading.Lock()
@@ -51,6 +53,7 @@ class ShardUploader:
         while len(self._pending) >= self.in_flight:
             self._pending.popleft().result()
         waiting = self.outbox / path.name
+        self.given_bytes += path.stat().st_size
         os.replace(path, waiting)
         self._pending.append(self._pool.submit(self._send, waiting))
 
@@ -58,14 +61,19 @@ class ShardUploader:
         size = path.stat().st_size
         self.store.upload(path, path.name)
         path.unlink()
-        if self.sent is not None:
-            self.sent(size)
         with self._lock:
+            self._done_bytes += size
             self.uploaded.append(path.name)
+            if self._sent is not None:
+                self._sent(size)
 
-    def waiting_bytes(self) -> int:
-        """Bytes of the shards given and not uploaded yet (the one uploading now included)."""
-        return sum(p.stat().st_size for p in self.outbox.iterdir() if p.is_file())
+    def follow(self, sent: Callable[[int], None]) -> None:
+        """Tell ``sent`` the bytes of every shard uploaded so far, then each next shard's bytes once
+        it is up: a bar of ``given_bytes`` ends full whenever it is attached (the count and the
+        hand-over share one lock, so no shard is counted twice or missed)."""
+        with self._lock:
+            self._sent = sent
+            sent(self._done_bytes)
 
     def wait(self) -> None:
         """Return once every shard given is uploaded; raise the first upload's error."""
