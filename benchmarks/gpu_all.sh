@@ -73,8 +73,8 @@ step pack_small_shards 180 "$PY" -m packload "$IMAGES" "$W/small.shards" --encod
 step gpu_check 180 sh -c "\"$PY\" benchmarks/gpu_check.py \"$W/keep.lmdb\" --batch-size 256 --step-ms 120 --budget 30 > \"$OUT/gpu_check.json\""
 step doctor 120 sh -c "\"$PY\" -m packload doctor \"$W/keep.lmdb\" --batch-size 256 --step-ms 120 --json > \"$OUT/doctor.json\""
 step gpu_train 330 sh -c "\"$PY\" benchmarks/gpu_train.py \"$IMAGES\" \"$W/keep.shards\" \"$W/small.shards\" --model resnet18 --seconds 8 > \"$OUT/gpu_train.json\""
-step pytest 180 sh -c "\"$PY\" -m pytest -q -p no:cacheprovider tests/test_tune.py tests/test_collate.py tests/test_pack_loader.py tests/test_doctor.py tests/test_dataset.py \
-  tests/test_gpu_decode.py tests/test_gpu_batch.py > \"$OUT/pytest.log\" 2>&1"
+step pytest 180 sh -c "\"$PY\" -m pytest -q -p no:cacheprovider tests/diagnose/test_tune.py tests/loaders/test_collate.py tests/loaders/test_pack_loader.py tests/diagnose/test_doctor.py tests/loaders/test_dataset.py \
+  tests/loaders/test_gpu_decode.py tests/loaders/test_gpu_batch.py > \"$OUT/pytest.log\" 2>&1"
 tail -3 "$OUT/pytest.log" >&2 || true
 echo "gpu_all: $failed step(s) failed; results in $OUT" >&2
 exit "$failed"

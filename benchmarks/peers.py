@@ -21,7 +21,7 @@ Workarounds, each kept to its adapter:
   ``sys.modules`` for exactly the names it imports, only when the real package is absent, and only
   while importing streaming; MDSWriter/StreamingDataset never touch them.
 * Streaming pins ``numpy<2.2``; ``--no-deps`` keeps this repo's numpy 2.x, with which local MDS
-  write/read round-trips exactly (checked by tests/test_peers.py).
+  write/read round-trips exactly (checked by tests/benchmarks/test_peers.py).
 * LitData hands back ``memoryview`` slices of its chunk files; DataLoader worker processes cannot
   pickle those into the result queue, so the adapter copies them to ``bytes``.
 * WebDataset splits *shards* (not samples) across DataLoader workers, so a small set written as one

@@ -1,7 +1,7 @@
 """The reliability suite at full counts: SIGKILLed packs, killed DataLoader workers, bit flips and
 truncations, hostile packs, fuzzing (of the decoders, and of every field of a pack against every read
 path), full disks and file-size limits, LMDB map growth, and 16 DataLoader workers over one pack. The
-CI tests (tests/test_reliability_*.py, tests/test_fuzz_pack_fields.py) run the same functions
+CI tests (tests/reliability/test_reliability_*.py, tests/test_fuzz_pack_fields.py) run the same functions
 (tests/reliability/, tests/fuzz_packs/) with small counts; this prints the figures
 RELIABILITY.md records, and writes them as JSON with ``--json``.
 

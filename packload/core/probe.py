@@ -3,7 +3,7 @@
 For the two formats that make up nearly every dataset, JPEG and PNG, the header is parsed here in
 a few microseconds (PIL's parser takes tens, which dominates packing time). Whenever a file is
 anything but plain, the answer is ``None`` and the caller asks PIL, so the result is always what
-``PIL.Image.open`` reports. ``tests/test_probe.py`` checks that agreement on many kinds of image.
+``PIL.Image.open`` reports. ``tests/core/test_probe.py`` checks that agreement on many kinds of image.
 
 ``open_image`` is the one way packload lets PIL open image data, at pack time and at read time: only
 the formats of ``DECODABLE``, because some of PIL's plugins start external programs (EPS runs

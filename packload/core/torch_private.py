@@ -1,7 +1,7 @@
 """The two private PyTorch entry points packload uses, each looked up when first needed and guarded.
 
 Where a torch lacks one (or changed its signature), callers take the public way: the same result,
-only slower. ``tests/test_torch_private.py`` fails loudly when this torch changes either, so that
+only slower. ``tests/core/test_torch_private.py`` fails loudly when this torch changes either, so that
 the slower way never goes unnoticed.
 """
 

@@ -1,6 +1,6 @@
 """Shared code of the reliability suite: kills, corruption, full disks, hostile packs, many readers.
 
-The CI tests (``tests/test_reliability_*.py``) call these functions with small counts;
+The CI tests (``tests/reliability/test_reliability_*.py``) call these functions with small counts;
 ``benchmarks/reliability.py`` calls the very same functions with the full counts and prints the
 figures that RELIABILITY.md records. Each check returns plain data (counts and a list of
 problems); an empty problem list is a pass.

@@ -1,7 +1,7 @@
 """Reliability of the object-store surfaces: the block cache, packs at URLs read and written, and the
 network's deadlines. Each check runs against moto's S3 server on 127.0.0.1 behind the fault-injecting
 proxy of ``tests/object_store.py`` and returns plain data: counts, and a list of problems (empty: a
-pass). The CI test (``tests/test_reliability_store.py``) runs them with small counts,
+pass). The CI test (``tests/reliability/test_reliability_store.py``) runs them with small counts,
 ``benchmarks/reliability.py --only store`` with the full ones.
 
 * ``cache_ownership``: cache folders holding the user's files (in ``cache_dir``, a shared

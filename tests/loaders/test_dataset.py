@@ -27,7 +27,7 @@ import pytest
 import torch
 from PIL import Image, ImageOps
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 import packload  # noqa: E402

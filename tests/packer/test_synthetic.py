@@ -24,7 +24,7 @@ from tests.image_factory import (
     write_odd_images,
 )
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CLI_PATH = REPO / "benchmarks" / "make_images.py"
 
 IMAGENET_COUNT, IMAGENET_CLASSES, IMAGENET_SEED = 60, 7, 3

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks import bench_pack, bench_read, cache, harness, run  # noqa: E402
 from packload.packer.synthetic import make_cifar_like, make_imagenet_like  # noqa: E402

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks import gpu_check, gpu_train  # noqa: E402
 from packload.diagnose.gpu_step import SmallCNN  # noqa: E402

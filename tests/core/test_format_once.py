@@ -13,7 +13,7 @@ import pytest
 
 from packload.core import format as fmt
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SOURCES = sorted(p for folder in ("packload", "packer", "loaders") for p in (ROOT / folder).rglob("*.py"))
 HOME = ROOT / "packload" / "core" / "format.py"
 # Modules that parse other formats than ours, with struct layouts of their own: image headers

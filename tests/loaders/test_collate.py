@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from packload.loaders.collate import collate_uint8  # noqa: E402
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from packload import pack  # noqa: E402
 from packload.core.errors import UsageError  # noqa: E402

@@ -21,9 +21,9 @@ from packload.core.remote import RemoteStore  # noqa: E402
 from packload.loaders.read import PackReader  # noqa: E402
 from tests.image_factory import make_image_folder, write_broken_files, write_hidden_and_stray  # noqa: E402
 from tests.object_store import ObjectStore  # noqa: E402
+from tests.packer.test_ray_engine import manifest_of, records_of  # noqa: E402
 from tests.ray_faults import logged_tasks  # noqa: E402
 from tests.ray_local import LocalRay, local_ray  # noqa: E402, F401 - a fixture
-from tests.test_ray_engine import manifest_of, records_of  # noqa: E402
 
 BUCKET = "rayurl"
 SHARD = 1 << 16

@@ -20,7 +20,7 @@ from benchmarks import slowfs
 from packload import PackedImageFolder, pack
 from packload.diagnose.page_cache import drop
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 REASON = slowfs.unavailable()
 needs_fuse = pytest.mark.skipif(REASON is not None, reason=f"slowfs cannot mount here: {REASON}")
 

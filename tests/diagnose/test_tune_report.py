@@ -19,8 +19,8 @@ from packload.cli_parser import in_flag_names, subcommand_parsers
 from packload.diagnose.training_loop import DEFAULT_STEP_MS, loop_words
 from packload.diagnose.tune import TuneResult, tune
 from packload.diagnose.tune_search import Trial, rate_text
+from tests.diagnose.test_tune import Sleepy
 from tests.image_factory import make_image_folder, write_odd_images
-from tests.test_tune import Sleepy
 
 PROGRESS = re.compile(r"^tune: #(\d+) workers=(\d+) prefetch=(\S+) pin=(yes|no): ([\d,]+ img/s)")
 FAST_PROGRESS = re.compile(r"^tune PackLoader: #(\d+) PackLoader threads=(\d+): ([\d,]+ img/s)")

@@ -25,9 +25,9 @@ from packload.packer.ray_folder import staging_path
 from packload.packer.ray_resume import kept_tasks, run_record, source_digest, write_run_record
 from packload.packer.ray_tasks import done_result, pack_range, place_task, placed_result, task_name
 from tests.image_factory import make_image_folder, write_broken_files
+from tests.packer.test_ray_engine import manifest_of, records_of
 from tests.ray_faults import logged_tasks
 from tests.ray_local import HOOK, REPO, LocalRay, local_ray  # noqa: F401 - a fixture
-from tests.test_ray_engine import manifest_of, records_of
 
 TASK_FILES = 5
 SHARD_SIZE = 1 << 16

@@ -21,7 +21,7 @@ from packload.core.format import LMDB_INDEX_KEY
 from packload.packer.table_source import TableOptions
 from tests.fields_source import make_source
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 VOLATILE = {"id", "created", "packload_version"}
 
 

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from packload import pack
 from tests.image_factory import make_image_folder
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.ddp_read import check_epoch  # noqa: E402

@@ -14,7 +14,7 @@ import pytest
 
 from packload.packer.ray_tasks import SETTLE_S, settle_after_failure
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 class RecordingRay:

@@ -19,7 +19,7 @@ from packload.packer.destination import partial_path
 from packload.packer.pipeline import nothing_to_resume
 from tests.image_factory import make_image_folder, write_broken_files
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # Packs slowly (a pause per file), printing how many files it has encoded, so the test can kill it
 # at a chosen point; checkpoints every 7 files.

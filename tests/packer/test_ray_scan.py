@@ -16,9 +16,9 @@ from packload.core.errors import UsageError
 from packload.core.scan import scan_folder
 from packload.packer.ray_scan import check_source_seen, class_groups, list_source_top, scan_in_tasks
 from tests.image_factory import write_image
+from tests.packer.test_ray_engine import manifest_of, records_of
 from tests.ray_faults import logged_scans
 from tests.ray_local import LocalRay, local_ray  # noqa: F401 - a fixture
-from tests.test_ray_engine import manifest_of, records_of
 
 BUCKET = "rayscan"
 

@@ -26,7 +26,7 @@ from PIL import Image
 
 from packload import EncodeOptions, SkippedFileError, pack  # writing only
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "FORMAT.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "FORMAT.md"
 DOC_TEXT = DOC.read_text("utf-8")
 STRUCT_CODES = {"u8": "B", "u16": "H", "u32": "I", "u64": "Q", "i32": "i"}
 IMAGE_SUFFIXES = {".jpg", ".png"}

@@ -16,7 +16,7 @@ import pytest
 import torch.utils.data as tud
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.peers import PEERS, Sample  # noqa: E402
 

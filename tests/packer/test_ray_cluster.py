@@ -17,10 +17,10 @@ from PIL import Image
 from packload import EncodeOptions, pack
 from packload.loaders.verify import verify
 from tests.image_factory import write_broken_files
+from tests.packer.test_ray_engine import manifest_of, records_of
 from tests.ray_cluster import TwoNodeCluster
-from tests.test_ray_engine import manifest_of, records_of
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
