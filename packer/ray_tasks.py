@@ -35,7 +35,8 @@ from packload.core.remote import RemoteStore, is_url
 from packload.core.scan import Sample
 from packload.packer.combine import place_shards
 from packload.packer.encode import Encoded, EncodeOptions, Skipped
-from packload.packer.pipeline import encoded_stream, io_bound, write_or_skip
+from packload.packer.encode_stream import encoded_stream, io_bound
+from packload.packer.pipeline import write_or_skip
 from packload.packer.ray_task_folder import task_source
 from packload.packer.ray_url_tasks import place_task_remote, stage_task
 from packload.packer.remote_source import fetched_stream

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import packload.packer.pipeline as pipeline
+import packload.packer.encode_stream as encode_stream
 from packload import EncodeOptions, merge, pack
 from packload.cli import main
 from packload.loaders.read import PackReader
@@ -102,7 +102,7 @@ def test_an_unfinished_pack_is_refused(packs: dict[str, Path], tmp_path: Path, m
                                        capsys: pytest.CaptureFixture[str], backend: str) -> None:
     source = tmp_path / "src"
     make_image_folder(source, classes=("ant",), per_class=12, seed=3)
-    real, calls = pipeline.encode_chunk, []
+    real, calls = encode_stream.encode_chunk, []
 
     def interrupted(root: str, samples: list, options: EncodeOptions) -> list:
         calls.append(1)
@@ -110,8 +110,8 @@ def test_an_unfinished_pack_is_refused(packs: dict[str, Path], tmp_path: Path, m
             raise KeyboardInterrupt
         return real(root, samples, options)
 
-    monkeypatch.setattr(pipeline, "encode_chunk", interrupted)
-    monkeypatch.setattr(pipeline, "CHUNK_FILES", 3)
+    monkeypatch.setattr(encode_stream, "encode_chunk", interrupted)
+    monkeypatch.setattr(encode_stream, "CHUNK_FILES", 3)
     dst = tmp_path / f"cut.{backend}"
     with pytest.raises(KeyboardInterrupt):
         pack(source, dst, workers=1, progress=False, checkpoint_every=3)

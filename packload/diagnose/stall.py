@@ -33,7 +33,7 @@ from packload.loaders.dataset import PackedImageFolder
 from packload.loaders.folder import FolderImages
 from packload.loaders.transforms import ResizeCenterCrop
 from packload.packer.encode import EncodeOptions, Skipped
-from packload.packer.pipeline import encoded_stream
+from packload.packer.encode_stream import encoded_stream
 
 Bottleneck = Literal["storage", "cpu_preparation", "gpu"]
 BOTTLENECKS: tuple[str, ...] = ("storage", "cpu_preparation", "gpu")

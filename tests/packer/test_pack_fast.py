@@ -19,7 +19,7 @@ from packload import EncodeOptions, PackedImageFolder, pack
 from packload.core import torch_private
 from packload.core.format import INDEX_ENTRY, RecordMeta, encode_index, encode_record, index_entry
 from packload.core.scan import Sample, scan_folder
-from packload.packer import append_file, pipeline
+from packload.packer import append_file, encode_stream
 from packload.packer import encode as encode_module
 from packload.packer.encode import (
     Encoded,
@@ -30,8 +30,8 @@ from packload.packer.encode import (
     resize_rgb,
     truncation_problem,
 )
+from packload.packer.encode_stream import use_threads
 from packload.packer.index_builder import IndexBuilder
-from packload.packer.pipeline import use_threads
 from packload.packer.write_lmdb import LmdbWriter
 from packload.packer.write_shards import ShardsWriter
 from tests.image_factory import make_image_folder, textured_rgb, write_broken_files, write_odd_images
@@ -187,22 +187,22 @@ def test_slow_reads_move_to_worker_threads(tmp_path, monkeypatch):
     is the same either way."""
     make_image_folder(tmp_path / "src", classes=("a", "b"), per_class=20, seed=4)
     write_broken_files(tmp_path / "src" / "b")
-    monkeypatch.setattr(pipeline, "CHUNK_FILES", 4)
+    monkeypatch.setattr(encode_stream, "CHUNK_FILES", 4)
     packs = {}
     for name, seconds in (("inline", 1.0), ("threads", 0.0)):
-        monkeypatch.setattr(pipeline, "INLINE_SECONDS_PER_FILE", seconds)
+        monkeypatch.setattr(encode_stream, "INLINE_SECONDS_PER_FILE", seconds)
         threads = []
-        real = pipeline.encode_chunk
+        real = encode_stream.encode_chunk
 
         def noting(root, samples, options, real=real, threads=threads):
             threads.append(threading.current_thread() is threading.main_thread())
             return real(root, samples, options)
 
-        monkeypatch.setattr(pipeline, "encode_chunk", noting)
+        monkeypatch.setattr(encode_stream, "encode_chunk", noting)
         pack(tmp_path / "src", tmp_path / f"{name}.shards", workers=2, progress=False)
         packs[name] = tmp_path / f"{name}.shards"
-        assert all(threads) if name == "inline" else threads[: pipeline.SLOW_RUNS] == [True] * pipeline.SLOW_RUNS
-        assert name == "inline" or not any(threads[pipeline.SLOW_RUNS :])
+        assert all(threads) if name == "inline" else threads[: encode_stream.SLOW_RUNS] == [True] * encode_stream.SLOW_RUNS
+        assert name == "inline" or not any(threads[encode_stream.SLOW_RUNS :])
     for file in ("index.bin", "shard-00000.bin"):
         assert (packs["inline"] / file).read_bytes() == (packs["threads"] / file).read_bytes()
     manifests = [json.loads((path / "manifest.json").read_text()) for path in packs.values()]
@@ -284,7 +284,7 @@ def test_png_sources_are_reencoded_in_processes(tmp_path, monkeypatch):
     make_image_folder(tmp_path / "src", classes=("a", "b"), per_class=6, seed=8)
     packs = {}
     for name, threads in (("processes", False), ("threads", True)):
-        monkeypatch.setattr(pipeline, "use_threads", lambda options, samples=(), threads=threads: threads)
+        monkeypatch.setattr(encode_stream, "use_threads", lambda options, samples=(), threads=threads: threads)
         pack(tmp_path / "src", tmp_path / f"{name}.shards", options=raw, workers=2, progress=False)
         ds = PackedImageFolder(tmp_path / f"{name}.shards", output="bytes")
         packs[name] = [ds[i] for i in range(len(ds))]

@@ -16,7 +16,7 @@ pytest.importorskip("moto.server", reason="moto[server] is not installed (pip in
 from packload import pack  # noqa: E402
 from packload.cli import EXIT_INTERRUPTED, main  # noqa: E402
 from packload.core import remote  # noqa: E402
-from packload.packer import pipeline  # noqa: E402
+from packload.packer import encode_stream  # noqa: E402
 from tests.image_factory import make_image_folder  # noqa: E402
 from tests.object_store import ObjectStore, point_cli_at  # noqa: E402
 
@@ -113,7 +113,7 @@ def test_ctrl_c_suggests_only_what_is_accepted(env, source, tmp_path, capsys, mo
     """Interrupted, a pack at a URL (this machine's engine) publishes nothing and keeps nothing to
     resume: the message says to run the command again, and the store holds nothing of it. A local
     pack keeps its unfinished pack, and the message names --resume, which then finishes it."""
-    real = pipeline.encode_chunk
+    real = encode_stream.encode_chunk
     calls = []
 
     def interrupted(*args, **kwargs):
@@ -122,12 +122,12 @@ def test_ctrl_c_suggests_only_what_is_accepted(env, source, tmp_path, capsys, mo
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "encode_chunk", interrupted)
-    monkeypatch.setattr(pipeline, "CHUNK_FILES", 4)
+    monkeypatch.setattr(encode_stream, "encode_chunk", interrupted)
+    monkeypatch.setattr(encode_stream, "CHUNK_FILES", 4)
     dst = f"s3://{BUCKET}/stopped.shards" if where == "url" else str(tmp_path / "stopped.shards")
     assert main(["pack", str(source), dst, "--quiet", "--workers", "1"]) == EXIT_INTERRUPTED
     err = capsys.readouterr().err
-    monkeypatch.setattr(pipeline, "encode_chunk", real)
+    monkeypatch.setattr(encode_stream, "encode_chunk", real)
     if where == "url":
         assert "interrupted" in err and "--resume" not in err and "again" in err, err
         assert not env.filesystem().ls(f"{BUCKET}/", refresh=True) or not any(

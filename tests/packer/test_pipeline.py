@@ -15,9 +15,9 @@ from packload.core.scan import scan_folder
 from packload.loaders.read import PackReader
 from packload.packer.destination import partial_path
 from packload.packer.encode import Encoded, EncodeOptions, Skipped
+from packload.packer.encode_stream import encoded_stream
 from packload.packer.pipeline import (
     backend_for,
-    encoded_stream,
     options_from_record,
     pack,
     write_or_skip,

@@ -25,8 +25,9 @@ REPO = Path(__file__).resolve().parents[2]
 # at a chosen point; checkpoints every 7 files.
 SLOW_PACK = textwrap.dedent("""
     import sys, time
+    import packload.packer.encode_stream as es
     import packload.packer.pipeline as p
-    real = p.encode_chunk
+    real = es.encode_chunk
     done = 0
     def slow(root, samples, options):
         global done
@@ -37,8 +38,8 @@ SLOW_PACK = textwrap.dedent("""
             done += 1
             print(done, flush=True)
         return out
-    p.encode_chunk = slow
-    p.CHUNK_FILES = 3
+    es.encode_chunk = slow
+    es.CHUNK_FILES = 3
     p.pack(sys.argv[1], sys.argv[2], workers=1, progress=False, checkpoint_every=7, shard_size=1 << 16,
            resume=len(sys.argv) > 3)
 """)

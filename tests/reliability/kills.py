@@ -19,13 +19,14 @@ from tests.reliability.packs import REPO, SHARD_SIZE, child_env, cli, one_line_e
 # the phases of finishing (index, manifest, publish), pausing at each so a kill lands there.
 _KILL_CHILD = textwrap.dedent("""
     import sys, time
+    import packload.packer.encode_stream as es
     import packload.packer.pipeline as p
     import packload.packer.write_shards as ws
     from packload.packer.pack_destination import PackDestination
     from tests.reliability.packs import small_chunk_writer
     src, dst, delay, pause = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
     p.LmdbWriter = small_chunk_writer()
-    real_encode, done = p.encode_chunk, 0
+    real_encode, done = es.encode_chunk, 0
     def slow(root, samples, options):
         global done
         out = []
@@ -53,7 +54,7 @@ _KILL_CHILD = textwrap.dedent("""
     def publish(self):
         phase("before publish")
         real_publish(self)
-    p.encode_chunk, p.CHUNK_FILES, ws.write_file_atomic, PackDestination.publish = slow, 3, atomic, publish
+    es.encode_chunk, es.CHUNK_FILES, ws.write_file_atomic, PackDestination.publish = slow, 3, atomic, publish
     p.LmdbWriter.finish = finish
     p.pack(src, dst, workers=1, progress=False, checkpoint_every=7, shard_size=int(sys.argv[5]))
     print("done", flush=True)
