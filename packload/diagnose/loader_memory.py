@@ -28,6 +28,7 @@ class MemoryGuard:
         total = memory_status()["total"]
         self.margin = margin_bytes if margin_bytes is not None else max(1 << 30, total // 10)
         self.per_worker = GUESS_WORKER_BYTES
+        self.measured = False  # whether per_worker is a trial's measurement yet, not the guess
         self.batch_bytes = 0
 
     def predicted(self, workers: int, prefetch: int | None, pin: bool) -> int:
@@ -44,7 +45,8 @@ class MemoryGuard:
         """Take the per-worker cost from a trial's measured worker memory (the largest seen)."""
         if trial.num_workers and trial.worker_pss_mb:
             measured = int(trial.worker_pss_mb * 2**20 / trial.num_workers)
-            self.per_worker = measured if self.per_worker == GUESS_WORKER_BYTES else max(self.per_worker, measured)
+            self.per_worker = max(self.per_worker, measured) if self.measured else measured
+            self.measured = True
 
 
 def batch_nbytes(batch: Any) -> int:
