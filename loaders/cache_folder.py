@@ -32,6 +32,7 @@ PACK_FOLDER = re.compile(r"(pack|lmdb)-[0-9a-f]{32}")
 # How every file and folder of the cache is opened: never through a link, never into a child process.
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # a FIFO in the cache is opened without waiting for a writer
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | NOFOLLOW | CLOEXEC
 
 
@@ -192,10 +193,15 @@ class CacheFolder:
             return f"{place} is not a folder (a file is in the way)"
         return f"{place} cannot be used ({_reason(exc)})"
 
+    def _unreadable_marker(self, exc: OSError) -> CacheUnusableError:
+        return CacheUnusableError(f"{self.path}/{MARKER_NAME} cannot be read ({_reason(exc)}): not packload's "
+                                  "cache folder; give another cache_dir")
+
     def _check_marker(self, fd: int) -> None:
         """The folder must be packload's: its marker there, or nothing at all there (then marked now)."""
         try:
-            marker = os.open(MARKER_NAME, os.O_RDONLY | NOFOLLOW | CLOEXEC, dir_fd=fd)
+            # Never blocks: a FIFO planted here is read as empty (not the marker), never waited on.
+            marker = os.open(MARKER_NAME, os.O_RDONLY | NONBLOCK | NOFOLLOW | CLOEXEC, dir_fd=fd)
         except FileNotFoundError:
             if os.listdir(fd):
                 raise CacheUnusableError(f"{self.path} holds files that are not packload's (no {MARKER_NAME} of "
@@ -214,10 +220,11 @@ class CacheFolder:
                 raise CacheUnusableError(self._unusable(self.path, exc)) from None
             return
         except OSError as exc:
-            raise CacheUnusableError(f"{self.path}/{MARKER_NAME} cannot be read ({_reason(exc)}): not packload's "
-                                     "cache folder; give another cache_dir") from None
+            raise self._unreadable_marker(exc) from None
         try:
             text = os.read(marker, len(MARKER) + 1)
+        except OSError as exc:  # a folder, or a FIFO with a writer: not our marker, and said so
+            raise self._unreadable_marker(exc) from None
         finally:
             os.close(marker)
         if text != MARKER:
