@@ -69,7 +69,7 @@ def tune_fast_path(dataset: PackedImageFolder, batch_size: int, image_size: int,
     runner = TrialRunner(dataset, batch_size, None, None, step, step_rate, guard, tick, make,
                          lambda text: progress_line(bar, f"tune PackLoader: {text}"))
     top = usable_cores() if max_threads is None else max_threads
-    ladder = sorted({0, 1, *(2**k for k in range(1, 8) if 2**k < top), top})
+    ladder = sorted(t for t in {0, 1, *(2**k for k in range(1, 8) if 2**k < top), top} if t <= top)
     deadline = start + budget_s
     trials: list[Trial] = []
     try:
