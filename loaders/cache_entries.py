@@ -12,6 +12,7 @@ deleted, so it is fetched again.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import mmap
@@ -24,7 +25,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from packload.loaders.cache_folder import CLOEXEC, NOFOLLOW
+from packload.loaders.cache_folder import CLOEXEC, NOFOLLOW, NONBLOCK
 
 DATA_SUFFIX = ".blk"
 RECORD_SUFFIX = ".rec"
@@ -54,7 +55,7 @@ def signature(info: os.stat_result) -> tuple[int, ...]:
 def read_record(folder: int, name: str) -> dict[str, Any] | None:
     """The record of entry ``name`` (None when missing, a link, too large, or not ours)."""
     try:
-        fd = os.open(name + RECORD_SUFFIX, os.O_RDONLY | NOFOLLOW | CLOEXEC, dir_fd=folder)
+        fd = os.open(name + RECORD_SUFFIX, os.O_RDONLY | NONBLOCK | NOFOLLOW | CLOEXEC, dir_fd=folder)  # a FIFO: no wait
     except OSError:
         return None
     try:
@@ -110,6 +111,7 @@ class Reservation:
     def commit(self, crc32: int | None = None) -> None:
         """Record the entry (its identity, length, CRC-32: of the file's bytes unless given) and put
         its bytes in place: the record first, so that bytes in place always have their record."""
+        record_tmp = temporary_name(self.name, RECORD_SUFFIX)
         try:
             if crc32 is None:
                 with mmap.mmap(self.fd, self.size, access=mmap.ACCESS_READ) as data:
@@ -117,7 +119,6 @@ class Reservation:
             inode = os.fstat(self.fd).st_ino
             record = json.dumps({"packload_cache": 1, "identity": self.identity, "length": self.size,
                                  "crc32": crc32, "inode": inode}).encode()
-            record_tmp = temporary_name(self.name, RECORD_SUFFIX)
             fd = os.open(record_tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | NOFOLLOW | CLOEXEC, 0o644,
                          dir_fd=self.folder)
             try:
@@ -137,6 +138,8 @@ class Reservation:
                 pass
         except BaseException:
             self.abort()
+            with contextlib.suppress(OSError):  # the record's temporary file too, unless it was put in place
+                os.unlink(record_tmp, dir_fd=self.folder)
             raise
         finally:
             self._close()
