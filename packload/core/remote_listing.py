@@ -35,15 +35,16 @@ def content_matches_tag(tag: str | None, data: bytes, item: dict[str, Any] | Non
 
 
 def read_listing(found: list[dict[str, Any]]) -> tuple[dict[str, int], dict[str, str], dict[str, dict[str, Any]]]:
-    """The objects of a listing's entries ``found`` (folders left out), each by its name: its size,
-    its version (where the store gives one), and its entry as listed."""
+    """The objects of a listing's entries ``found`` (folders, and the keys ending in ``/`` that mark one,
+    left out), each by its name: its size, its version (where the store gives one), and its entry as
+    listed."""
     sizes: dict[str, int] = {}
     tags: dict[str, str] = {}
     listed: dict[str, dict[str, Any]] = {}
     for item in found:
-        if item.get("type") == "directory":
+        if item.get("type") == "directory" or item["name"].endswith("/"):  # a folder, or a folder's marker
             continue
-        name = item["name"].rstrip("/").rsplit("/", 1)[-1]
+        name = item["name"].rsplit("/", 1)[-1]
         sizes[name] = int(item.get("size") or 0)
         listed[name] = item
         tag = tag_of(item)
