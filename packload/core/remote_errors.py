@@ -40,9 +40,9 @@ def _causes(exc: BaseException) -> list[BaseException]:
 
 
 def _http_status(exc: BaseException) -> int | None:
-    """The HTTP status an error of the store's client carries (``code`` or ``status``), if any."""
+    """The HTTP status an error of the store's client carries (``status`` or ``code``), if any."""
     for item in _causes(exc):
-        for attribute in ("code", "status"):
+        for attribute in ("status", "code"):  # `status` first: aiohttp warns when its `code` is read
             value = getattr(item, attribute, None)
             if isinstance(value, int) and 400 <= value < 600:
                 return value
