@@ -65,7 +65,7 @@ def plot_result(result: Tuned, path: str | os.PathLike[str]) -> Path:
         if prefetch is None:
             continue
         main = prefetch == PREFETCH_DEFAULT  # the searched series; other depths are single checks
-        points = sorted(points + (no_workers if main else []))
+        points = sorted(points + (series.get((None, pin), []) if main else []))  # its own main-process point
         label = f"prefetch_factor={prefetch}" + (", pinned" if pin else "")
         keys = [(w, None if w == 0 else prefetch, pin) for w, _ in points]
         below = [r - spread.get(k, (r, r))[0] for k, (_, r) in zip(keys, points, strict=True)]
