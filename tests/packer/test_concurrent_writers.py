@@ -148,9 +148,9 @@ class _SlowFlock:
 
 def _take_turns(dst: str, owner: str, rounds: int, errors: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
     """Take the lock ``rounds`` times; while holding it, ``owner`` must be ours alone."""
-    import packload.packer.destination
+    import packload.packer.destination_lock
 
-    packload.packer.destination.fcntl = _SlowFlock(os.getpid())  # type: ignore[assignment]
+    packload.packer.destination_lock.fcntl = _SlowFlock(os.getpid())  # type: ignore[assignment]
     taken = 0
     while taken < rounds:
         lock = DestinationLock(Path(dst))
