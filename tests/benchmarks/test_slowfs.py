@@ -1,6 +1,7 @@
 """benchmarks/slowfs.py: the emulated slow disk (its server ``slowfs.c``, built on first use) adds the
 latency it claims and returns identical bytes; and, through its counters, the reader issues few large
-requests when it reads a pack in batches."""
+requests when it reads a pack in batches. No wall-clock time is asserted: the server counts every
+request it served and the time it held each back (its ``delay_s``), and the tests read those."""
 
 from __future__ import annotations
 
@@ -50,10 +51,12 @@ def test_adds_latency_and_returns_identical_bytes(files: Path, tmp_path: Path) -
     with slowfs.SlowFS(files, mnt, latency_ms=30) as fs:
         before = fs.stats()
         for i in range(6):
-            start = time.perf_counter()
+            ahead = fs.stats()
             data = (mnt / f"small{i}.bin").read_bytes()
-            # one open and at least one read request, each held 30 ms
-            assert time.perf_counter() - start >= 0.060 * 0.95
+            one = fs.stats().minus(ahead)
+            # one open and at least one read request, each held back 30 ms, as the server counts them
+            assert one.opens == 1 and one.reads >= 1
+            assert one.delay_s == pytest.approx(0.030 * (one.opens + one.reads))
             assert data == (files / f"small{i}.bin").read_bytes()
         assert (mnt / "big.bin").read_bytes() == (files / "big.bin").read_bytes()
         assert (mnt / "sub" / "x.bin").read_bytes() == b"hello"
@@ -73,21 +76,24 @@ def test_adds_latency_and_returns_identical_bytes(files: Path, tmp_path: Path) -
 def test_bandwidth_cap_and_concurrent_requests_overlap(files: Path, tmp_path: Path) -> None:
     mnt = tmp_path / "mnt"
     with slowfs.SlowFS(files, mnt, latency_ms=0, mbps=30) as fs:
-        start = time.perf_counter()
+        before = fs.stats()
         assert (mnt / "big.bin").read_bytes() == (files / "big.bin").read_bytes()
-        assert time.perf_counter() - start >= (3 << 20) / 30e6 * 0.95  # 3 MiB at 30 MB/s
+        d = fs.stats().minus(before)
+        # every read request held back for its bytes at 30 MB/s: 3 MiB at least, as the server counts
+        assert d.read_bytes == 3 << 20 and d.delay_s >= (3 << 20) / 30e6 * 0.999
     with slowfs.SlowFS(files, mnt, latency_ms=100) as fs:
+        before = fs.stats()
         threads = [threading.Thread(target=(mnt / f"small{i}.bin").read_bytes) for i in range(6)]
-        start = time.perf_counter()
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        elapsed = time.perf_counter() - start
-        # served by several threads at once (counted by the server, not timed: a loaded machine may be
-        # slow, never fast); each reader still waited its open's and its read's latency
+        d = fs.stats().minus(before)
+        # served by several threads at once (counted by the server); each reader still had its open
+        # and its read held back 100 ms
         assert fs.stats().max_reads_in_flight >= 2
-        assert elapsed >= 0.2 * 0.95
+        assert d.opens == 6 and d.reads >= 6
+        assert d.delay_s == pytest.approx(0.100 * (d.opens + d.reads))
 
 
 @needs_fuse
@@ -109,9 +115,9 @@ def test_links_meta_latency_and_counters_file(files: Path, tmp_path: Path) -> No
     mnt = tmp_path / "mnt"
     with slowfs.SlowFS(files, mnt, latency_ms=0, meta_latency_ms=30) as fs:
         before = fs.stats()
-        start = time.perf_counter()
         assert (mnt / "far").is_dir() and not (mnt / "far").is_symlink()  # links shown as what they point to
-        assert time.perf_counter() - start >= 0.030 * 0.95  # the lookup (a getattr) waited
+        looked = fs.stats().minus(before)
+        assert looked.getattrs >= 1 and looked.delay_s == pytest.approx(0.030 * looked.getattrs)  # the lookup waited
         assert (mnt / "far" / "o.bin").read_bytes() == b"far" == (mnt / "far.bin").read_bytes()
         assert (mnt / "far.bin").stat().st_mode & 0o222 == 0  # read-only
         names = os.listdir(mnt)
