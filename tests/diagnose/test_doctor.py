@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -55,6 +56,8 @@ def test_doctor_end_to_end(datasets, name, monkeypatch):
         return real_time_plan(plan, batch_size, workers, max_batches, pin_memory)
 
     monkeypatch.setattr(stall_module, "time_plan", counted)
+    clock = iter([10.0, 12.5])  # doctor's own clock: read when it starts and when it is done
+    monkeypatch.setattr(doctor_module, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
     path = str(datasets / name)
     report = doctor(path, batch_size=16, step_ms=5.0, workers=1, max_batches=3, repeats=1, crop=64, progress=False)
     assert schema_errors(report) == []
@@ -71,7 +74,8 @@ def test_doctor_end_to_end(datasets, name, monkeypatch):
     assert "Assumed a GPU step of 5 ms per batch of 16 (as given)" in report["verdict"]
     # the work is bounded: a cached and a storage pass (and at most one untimed pass to warm the
     # cache), each of at most the batches asked for
-    assert 2 <= len(passes) <= 3 and set(passes) == {3} and report["seconds"] > 0
+    assert 2 <= len(passes) <= 3 and set(passes) == {3}
+    assert report["seconds"] == 2.5  # the whole diagnosis, from its start to its end
 
 
 def test_the_verdict_says_when_the_step_is_the_default(datasets):
