@@ -244,11 +244,15 @@ class RemoteStore:
     def read_range(self, name: str, start: int, stop: int, tag: str | None = None) -> bytes:
         """Bytes ``start:stop`` of object ``name``, exactly (a short answer is asked again); with
         ``tag``, pinned to that version of it (``ObjectChangedError`` when it is not there now)."""
-        function, args, kwargs = pinned_read(self.fs, self.url, self.full(name), start, stop, tag)
+        # A coroutine to pin the read where the filesystem has them; a synchronous one (a local
+        # path, memory) has none, and no versions to pin to: its cat_file reads.
+        pinned = pinned_read(self.fs, self.url, self.full(name), start, stop, tag) \
+            if getattr(self.fs, "async_impl", False) else None
 
         def attempt(deadline: float) -> bytes:
             try:
-                if getattr(self.fs, "async_impl", False):
+                if pinned is not None:
+                    function, args, kwargs = pinned
                     data = on_loop(self.fs, deadline, function, *args, **kwargs)
                 else:
                     data = self.fs.cat_file(self.full(name), start=start, end=stop)

@@ -218,3 +218,17 @@ def test_the_timeout_comes_from_the_environment(monkeypatch):
             remote.request_timeout()
         assert "\n" not in str(info.value)
     assert remote.attempt_deadline(10.0, 8 << 20) == 18.0  # a second more per MiB moved
+
+
+@pytest.mark.parametrize("scheme", ["file", "memory"])
+def test_ranged_reads_of_a_synchronous_filesystem(tmp_path, scheme):
+    """fsspec's local and memory filesystems have no coroutines: a read of theirs (pinned to a
+    version or not: they give none) is their ``cat_file``."""
+    pytest.importorskip("fsspec", reason="fsspec is not installed")
+    url = f"file://{tmp_path}" if scheme == "file" else f"memory://{tmp_path.name}"
+    store = RemoteStore(url)
+    data = bytes(range(256)) * 4
+    store.write_bytes("blob", data)
+    assert store.read_range("blob", 5, 900) == data[5:900]
+    assert store.read_range("blob", 0, len(data), tag='etag:"abc"') == data
+    assert store.read_all("blob", len(data)) == data
