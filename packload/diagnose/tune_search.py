@@ -1,10 +1,4 @@
-"""How the tuner measures one DataLoader configuration, and which ones it measures.
-
-A trial starts a DataLoader, times its first batch apart (worker start-up), lets every worker
-deliver once more (warm-up, not counted), waits for the GPU to be idle, then feeds batches to the
-dummy GPU step in windows of one round of workers until its time is up and it has at least
-``MIN_WINDOWS`` windows, and waits for the GPU again: the steady rate is the steps done between
-the two idle points (so steps still queued never count), the spread of the windows its noise.
+"""Which DataLoader configurations the tuner measures (each one by ``tune_runner.TrialRunner``).
 
 The search is coarse to fine, never a full grid: workers 0, 1, 2, 4, 8... (without 1 where 8 or
 more may be tried: the bisection measures it if it matters) until the GPU is
@@ -15,29 +9,34 @@ process's file-descriptor limit allows. Then a bisection
 for the fewest workers within ``tolerance`` of the best rate; then a deeper prefetch queue and
 (on CUDA) ``pin_memory`` at that point; then the pick is measured again so that no lucky outlier
 wins. The pick is the cheapest configuration (fewest workers, shallowest queue, no pinning)
-within ``tolerance`` of the best.
+within ``tolerance`` of the best (``tune_trials.select``).
+
+The trial, its comparisons (``tune_trials``) and its runner (``tune_runner``) are importable from
+here too, where the tuner's other parts have always found them.
 """
 
 from __future__ import annotations
 
-import copy
 import math
-import os
-import statistics
 import time
-import warnings
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass
-from typing import Any
 
-import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from packload.diagnose.tune_runner import MIN_WINDOWS, Cycle, TrialRunner
+from packload.diagnose.tune_trials import (
+    FAST_PATH,
+    Key,
+    Trial,
+    aggregate,
+    cost,
+    median_trial,
+    rate_text,
+    select,
+    trial_label,
+)
 
-from packload.diagnose.gpu_step import DummyStep
-from packload.diagnose.loader_memory import MemoryGuard
-from packload.diagnose.measure import cpu_seconds, loader_worker_pids, process_memory
+__all__ = ["CAP_REACHED", "DESCRIPTORS_REACHED", "FAST_PATH", "FDS_PER_WORKER", "MIN_WINDOWS", "PREFETCH_DEEPER",
+           "PREFETCH_DEFAULT", "WAITING_CAP", "WAITING_SHARE", "Cycle", "Key", "Search", "Trial", "TrialRunner",
+           "aggregate", "cost", "descriptor_workers", "median_trial", "rate_text", "select", "trial_label"]
 
-MIN_WINDOWS = 3
 PREFETCH_DEFAULT = 2
 PREFETCH_DEEPER = (4, 8)
 WAITING_CAP = 64  # workers at most where they wait rather than compute (stated in the report)
@@ -46,209 +45,6 @@ FDS_PER_WORKER = 16  # descriptors a DataLoader worker may hold (its pipes, queu
 # What ended a climb past the cores that was still gaining: the cap, or the open-file limit below it.
 CAP_REACHED = f"the cap of {WAITING_CAP} workers"
 DESCRIPTORS_REACHED = "file descriptors"
-Key = tuple[int, int | None, bool]
-FAST_PATH = "fast path"  # the phase of PackLoader's trials (their "workers" are its threads)
-
-
-@dataclass
-class Trial:
-    """One measured configuration: its settings, steady rate, GPU idle share, start-up and memory."""
-
-    num_workers: int
-    prefetch_factor: int | None
-    pin_memory: bool
-    samples_per_s: float
-    batches_per_s: float
-    gpu_wait: float  # share of the time the GPU step waited for data (0..1)
-    startup_s: float  # from iter(loader) to the first batch: worker start-up plus one batch
-    worker_rss_mb: float
-    worker_pss_mb: float  # the workers' proportional share of memory: what they really add
-    noise: float  # relative standard error of the steady rate, from its windows
-    cpu_cores: float  # CPU used by the main process and the workers, in cores, during the steady phase
-    batches: int
-    seconds: float
-    phase: str
-    note: str = ""
-
-    @property
-    def key(self) -> Key:
-        return (self.num_workers, self.prefetch_factor, self.pin_memory)
-
-    @property
-    def valid(self) -> bool:
-        return self.batches > 0 and self.samples_per_s > 0
-
-    def settings(self) -> dict[str, Any]:
-        return {"num_workers": self.num_workers, "prefetch_factor": self.prefetch_factor,
-                "pin_memory": self.pin_memory}
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def cost(key: Key) -> tuple[int, int, bool]:
-    """Cheaper first: fewer workers, a shallower queue, no pinned memory."""
-    return (key[0], key[1] or 0, key[2])
-
-
-def aggregate(trials: list[Trial]) -> dict[Key, Trial]:
-    """One trial per configuration: the median of its measurements (the lower one of two, so a lucky
-    outlier never wins), as measured: each configuration's figure is one trial's, a row of the
-    report, never a blend of several."""
-    groups: dict[Key, list[Trial]] = {}
-    for trial in trials:
-        if trial.valid:
-            groups.setdefault(trial.key, []).append(trial)
-    return {key: median_trial(group) for key, group in groups.items()}
-
-
-def median_trial(group: list[Trial]) -> Trial:
-    """The trial of ``group`` whose rate is the (lower) median; the earlier one on a tie."""
-    ordered = sorted(group, key=lambda t: t.samples_per_s)
-    return ordered[(len(ordered) - 1) // 2]
-
-
-def rate_text(samples_per_s: float) -> str:
-    """A trial's rate as every part of the report writes it (progress, table, pick, verdict)."""
-    return f"{samples_per_s:,.0f} img/s"
-
-
-def trial_label(trial: Trial | Key, fast_path: bool = False) -> str:
-    """The configuration of a trial as the progress lines name it."""
-    workers, prefetch, pin = trial.key if isinstance(trial, Trial) else trial
-    if fast_path or (isinstance(trial, Trial) and trial.phase == FAST_PATH):
-        return f"PackLoader threads={workers}"
-    return f"workers={workers} prefetch={prefetch or '-'} pin={'yes' if pin else 'no'}"
-
-
-def select(trials: list[Trial], tolerance: float) -> tuple[Trial, Trial]:
-    """(pick, fastest): the cheapest configuration within ``tolerance`` of the fastest one."""
-    merged = aggregate(trials)
-    if not merged:
-        raise RuntimeError("no trial completed a measurement; give a larger budget_s")
-    fastest = max(merged.values(), key=lambda t: t.samples_per_s)
-    band = (1 - tolerance) * fastest.samples_per_s
-    pick = min((t for t in merged.values() if t.samples_per_s >= band), key=lambda t: (cost(t.key), t.worker_pss_mb))
-    return pick, fastest
-
-
-class Cycle(Sampler[int]):
-    """Endless indices for a trial: the user's sampler epoch after epoch (a copy, so its state is
-    untouched), or a fresh random permutation per epoch."""
-
-    def __init__(self, base: Sampler[int] | None, size: int) -> None:
-        try:
-            self.base = copy.deepcopy(base)
-        except Exception:  # an uncopyable sampler: use it as it is
-            self.base = base
-        self.size = size
-
-    def __iter__(self) -> Iterator[int]:
-        generator = torch.Generator().manual_seed(0)
-        epoch = 0
-        while True:
-            if self.base is None:
-                yield from torch.randperm(self.size, generator=generator).tolist()
-                continue
-            if hasattr(self.base, "set_epoch"):
-                self.base.set_epoch(epoch)
-            count = 0
-            for index in self.base:
-                count += 1
-                yield index
-            if count == 0:
-                raise ValueError("the sampler yields no indices")
-            epoch += 1
-
-
-class TrialRunner:
-    """Measures one configuration: a DataLoader over an endless sampler, fed to the dummy step."""
-
-    def __init__(self, dataset: Dataset, batch_size: int, sampler: Sampler[int] | None,
-                 collate_fn: Callable[[Any], Any] | None, step: DummyStep, step_rate: float,
-                 guard: MemoryGuard, tick: Callable[[str], None],
-                 make_loader: Callable[[int, int | None, bool], Iterable[Any]] | None = None,
-                 announce: Callable[[str], None] | None = None) -> None:
-        """``make_loader(workers, prefetch, pin)`` builds another kind of loader (an endless iterable
-        of batches) in place of the DataLoader: ``PackLoader``'s threads are measured so. ``tick``
-        gets the status while a trial runs; ``announce`` one line per finished trial (``finished``)."""
-        self.dataset, self.batch_size, self.sampler, self.collate_fn = dataset, batch_size, sampler, collate_fn
-        self.step, self.step_rate, self.guard, self.tick = step, step_rate, guard, tick
-        self.make_loader = make_loader
-        self.announce = announce or (lambda text: None)
-
-    def finished(self, number: int, trial: Trial) -> None:
-        """Announce trial ``number`` (as the report's table numbers it) with its one figure."""
-        figure = rate_text(trial.samples_per_s) if trial.valid else "no measurement"
-        self.announce(f"#{number} {trial_label(trial)}: {figure}" + (f" ({trial.note})" if trial.note else ""))
-        self.tick(f"#{number} {trial_label(trial)}: {figure}")
-
-    def loader(self, workers: int, prefetch: int | None, pin: bool) -> Iterable[Any]:
-        if self.make_loader is not None:
-            return self.make_loader(workers, prefetch, pin)
-        return DataLoader(self.dataset, batch_size=self.batch_size, sampler=Cycle(self.sampler, len(self.dataset)),
-                          collate_fn=self.collate_fn, num_workers=workers, drop_last=True,
-                          prefetch_factor=prefetch if workers else None, pin_memory=pin)
-
-    def run(self, workers: int, prefetch: int | None, pin: bool, steady_s: float, deadline: float,
-            phase: str) -> Trial:
-        """Measure until ``steady_s`` of steady state and ``MIN_WINDOWS`` windows, or ``deadline``; the
-        status names the configuration while it is measured (its figure is announced by ``finished``)."""
-        bs, step = self.batch_size, self.step
-        measuring = f"{trial_label((workers, prefetch if workers else None, pin), phase == FAST_PATH)}: measuring"
-        window = max(2, workers)
-        rates: list[float] = []
-        note, memory = "", {"rss": 0, "pss": 0}
-        start = time.perf_counter()
-        with warnings.catch_warnings():  # more workers than cores is asked for on purpose (I/O-bound data)
-            warnings.filterwarnings("ignore", message=".*DataLoader will create")
-            iterator = iter(self.loader(workers, prefetch, pin))
-        try:
-            step(next(iterator))
-            startup = time.perf_counter() - start
-            for _ in range(window):  # warm-up: one more batch from every worker
-                if time.perf_counter() >= deadline:
-                    break
-                step(next(iterator))
-            pids = [os.getpid(), *loader_worker_pids(iterator)]
-            step.synchronize()  # count from an idle GPU to an idle GPU: every counted step is done
-            cpu_start = cpu_seconds(pids)
-            steady_start = window_start = time.perf_counter()
-            count = batches = 0
-            while time.perf_counter() < deadline:
-                step(next(iterator))
-                count += 1
-                if count < window:
-                    continue
-                now = time.perf_counter()
-                rates.append(window * bs / (now - window_start))
-                batches, count, window_start = batches + count, 0, now
-                self.tick(measuring)
-                if self.guard.low():
-                    note = "stopped: free memory fell below the safety margin"
-                    break
-                if now - steady_start >= steady_s and len(rates) >= MIN_WINDOWS:
-                    break
-            else:
-                note = "cut short by the time budget"
-            step.synchronize()
-            batches += count
-            seconds = time.perf_counter() - steady_start
-            cpu = (cpu_seconds(pids) - cpu_start) / seconds if seconds > 0 else 0.0
-            memory = process_memory(pids[1:])
-        finally:
-            step.synchronize()
-            shutdown = getattr(iterator, "_shutdown_workers", None)
-            if shutdown is not None:
-                shutdown()
-            del iterator
-        rate = batches * bs / seconds if rates else 0.0
-        steady = rates[1:] if len(rates) > 2 else rates  # the first window refills the GPU's queue: not noise
-        noise = statistics.stdev(steady) / statistics.fmean(steady) / math.sqrt(len(steady)) if len(steady) > 1 else 1.0
-        return Trial(workers, prefetch if workers else None, pin, samples_per_s=rate, batches_per_s=rate / bs,
-                     gpu_wait=max(0.0, 1.0 - rate / self.step_rate) if rate else 1.0, startup_s=startup,
-                     worker_rss_mb=memory["rss"] / 2**20, worker_pss_mb=memory["pss"] / 2**20, noise=noise,
-                     cpu_cores=cpu, batches=batches, seconds=seconds, phase=phase, note=note)
 
 
 def descriptor_workers() -> int:

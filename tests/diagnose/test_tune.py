@@ -453,7 +453,7 @@ def test_many_cores_skip_one_worker_in_the_ladder_but_the_bisection_still_finds_
 
 
 def test_report_shows_the_workers_proportional_memory_not_their_rss():
-    from packload.diagnose.tune import _worker_memory
+    from packload.diagnose.tune_report import _worker_memory
 
     runner = _RatesRunner({2: 100.0})
     trial = runner.run(2, 2, False, 1.0, 0.0, "coarse")

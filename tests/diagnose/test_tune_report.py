@@ -18,8 +18,10 @@ from packload.cli import build_parser, main
 from packload.cli_parser import in_flag_names, subcommand_parsers
 from packload.diagnose.training_loop import DEFAULT_STEP_MS, loop_words
 from packload.diagnose.tune import TuneResult, tune
+from packload.diagnose.tune_report import TABLE_HEAD, format_report
 from packload.diagnose.tune_search import Trial, rate_text
 from tests.diagnose.test_tune import Sleepy
+from tests.diagnose.test_tune_result import result as hand_built
 from tests.image_factory import make_image_folder, write_odd_images
 
 PROGRESS = re.compile(r"^tune: #(\d+) workers=(\d+) prefetch=(\S+) pin=(yes|no): ([\d,]+ img/s)")
@@ -178,3 +180,19 @@ def test_the_command_lines_verdict_names_flags_not_parameters(measured: TuneResu
                 assert "--max-workers 4" in text and "a larger --max-workers" in text
             if not given:
                 assert "give it as --step-ms" in text
+
+
+def test_a_configuration_measured_twice_shows_the_rows_its_median_stands_on() -> None:
+    """``format_report`` on trials set by hand: the pick's row says which rows its figure is the
+    median of, and a trial with no measurement shows none, with why."""
+    tuned = hand_built()
+    again = dataclasses.replace(tuned.trials[1], samples_per_s=990.0, phase="confirm")
+    failed = dataclasses.replace(tuned.trials[2], samples_per_s=0.0, batches=0, note="cut short by the time budget")
+    tuned.trials += [again, failed]
+    lines = format_report(tuned)
+    rows = _rows(lines, lines.index(TABLE_HEAD) + 1)
+    assert sorted(rows) == [1, 2, 3, 4, 5]
+    assert rows[2][4].endswith("<- pick, median of #2, #4") and rows[3][4].endswith("<- fastest")
+    assert rows[5][3] == "none" and rows[5][4].endswith("(cut short by the time budget)")
+    assert "  pick (#2): num_workers=2, prefetch_factor=2, pin_memory=False [not measured (no CUDA)], " \
+           "persistent_workers=True: 980 img/s, the cheapest within 4% of the fastest (#3: 1,000 img/s)" in lines
