@@ -106,12 +106,12 @@ def test_a_closed_stdout_ends_every_command_quietly(place: Path, tmp_path: Path)
 
 def test_a_closed_stdout_is_not_taken_for_a_failed_network_write(monkeypatch, capsys) -> None:
     """A broken pipe that is not ours (a peer that hung up) is still an error, in one line."""
-    from packload import cli
+    from packload import cli, cli_read
 
     def hung_up(args):
         raise BrokenPipeError(32, "Broken pipe")
 
-    monkeypatch.setattr(cli, "run_info", hung_up)  # the parser built below runs it for `info`
+    monkeypatch.setattr(cli_read, "run_info", hung_up)  # the parser built below runs it for `info`
     assert cli.main(["info", "x.lmdb"]) == cli.EXIT_ERROR
     assert "Broken pipe" in capsys.readouterr().err
 

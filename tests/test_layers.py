@@ -27,7 +27,11 @@ FLOORS = {
     "packload.diagnose": 3,
     "packload.demo": 4,
     "packload.cli": 5,
+    "packload.cli_diagnose": 5,
+    "packload.cli_pack": 5,
     "packload.cli_parser": 5,
+    "packload.cli_read": 5,
+    "packload.cli_report": 5,
     "packload.__main__": 6,
     "packload": 6,  # the public names, gathered from every floor
 }
