@@ -193,8 +193,11 @@ class MixSampler(PackSampler):
             if saved is None:
                 raise ValueError("state is not a MixSampler's (its options name no pack sizes); "
                                  "pass a dict from MixSampler.state_dict()")
-            if list(saved) != self.sizes:
-                raise ValueError(f"state mismatch: the packs held {list(saved)} records when saved but "
+            if not isinstance(saved, list) or not all(type(size) is int for size in saved):
+                raise ValueError(f"state's pack sizes {saved!r} are not a list of record counts; the state is "
+                                 "damaged: pass a dict from MixSampler.state_dict()")
+            if saved != self.sizes:
+                raise ValueError(f"state mismatch: the packs held {saved} records when saved but "
                                  f"{self.sizes} now; resume over the same packs, in the same order")
         super().load_state_dict(state)
 

@@ -142,3 +142,13 @@ def test_repr_names_the_mix() -> None:
     sampler = MixSampler([60, 25], [2, 1], 90, seed=3, rank=1, world_size=2)
     assert repr(sampler) == ("MixSampler(sizes=[60, 25], weights=[0.667, 0.333], samples_per_epoch=90, seed=3, "
                              "rank=1, world_size=2)")
+
+
+@pytest.mark.parametrize("sizes", [85, "60,25", [60, "25"], [60.0, 25], {"a": 60}])
+def test_a_damaged_states_pack_sizes_are_refused_in_one_line(sizes: Any) -> None:
+    sampler = MixSampler([60, 25], [0.5, 0.5], 85)
+    state = sampler.state_dict(consumed=10)
+    state["options"]["sizes"] = sizes
+    message = one_line(ValueError, sampler.load_state_dict, state)
+    assert message.startswith(f"state's pack sizes {sizes!r} are not a list of record counts")
+    assert "MixSampler.state_dict()" in message
