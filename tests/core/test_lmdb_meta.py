@@ -5,20 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import lmdb
 import pytest
 
 from packload.core.errors import PackFormatError
 from packload.core.lmdb_meta import MAGIC, META_END, P_INVALID, current_meta, starts_as_lmdb
-
-
-def lmdb_file(path: Path, items: dict[bytes, bytes]) -> bytes:
-    env = lmdb.open(str(path), subdir=False, map_size=1 << 24, lock=False)
-    with env.begin(write=True) as txn:
-        for key, value in items.items():
-            txn.put(key, value)
-    env.close()
-    return path.read_bytes()
+from tests.lmdb_files import lmdb_file
 
 
 def test_the_newer_meta_of_a_real_file(tmp_path: Path) -> None:
