@@ -76,7 +76,8 @@ def endpoint_of(fs: Any, url: str) -> str | None:
     options = getattr(fs, "client_kwargs", None) or {}
     family = scheme_family(url)
     # gcsfs's location is Google's own unless an endpoint_url or STORAGE_EMULATOR_HOST names another
-    elsewhere = bool(getattr(fs, "_endpoint", None)) or os.environ.get("STORAGE_EMULATOR_HOST", "") not in ("", "default")
+    elsewhere = bool(getattr(fs, "_endpoint", None)) or \
+        os.environ.get("STORAGE_EMULATOR_HOST", "") not in ("", "default")
     for value in (options.get("endpoint_url"), getattr(fs, "endpoint_url", None),
                   os.environ.get("AWS_ENDPOINT_URL") if family == "s3" else None,
                   getattr(fs, "_location", None) if family == "gs" and elsewhere else None):

@@ -84,7 +84,8 @@ def test_an_empty_cgroup_folder_is_no_limit(tmp_path: Path) -> None:
 
 def test_cores_of_two_packages(tmp_path: Path) -> None:
     """Core ids repeat in each package: a core is a (package, core) pair."""
-    blocks = [f"processor\t: {4 * p + i}\nphysical id\t: {p}\ncore id\t\t: {i // 2}\n" for p in range(2) for i in range(4)]
+    blocks = [f"processor\t: {4 * p + i}\nphysical id\t: {p}\ncore id\t\t: {i // 2}\n"
+              for p in range(2) for i in range(4)]
     assert physical_cores(write(tmp_path / "cpuinfo", "\n".join(blocks))) == 4
 
 

@@ -74,7 +74,8 @@ def test_usage_is_the_deepest_existing_groups(tmp_path: Path) -> None:
 def machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """``memory_status`` reads the meminfo and cgroup files ``machine(meminfo, files)`` writes."""
     def make(meminfo: str, files: dict[str, str]) -> None:
-        monkeypatch.setattr(memory, "read_meminfo", functools.partial(read_meminfo, write(tmp_path / "meminfo", meminfo)))
+        meminfo_file = write(tmp_path / "meminfo", meminfo)
+        monkeypatch.setattr(memory, "read_meminfo", functools.partial(read_meminfo, meminfo_file))
         where = v2(tmp_path, files)
         monkeypatch.setattr(memory, "cgroup_memory_limit", functools.partial(cgroup_memory_limit, *where))
         monkeypatch.setattr(memory, "cgroup_memory_usage", functools.partial(cgroup_memory_usage, *where))

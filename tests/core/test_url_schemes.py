@@ -20,7 +20,8 @@ from packload.core.url_schemes import (
 )
 
 
-@pytest.mark.parametrize("text", ["s3a://b/x", "S3://B/x.lmdb", "git+ssh://host/x", "file:///tmp/x.shards", "x-y.z://h"])
+@pytest.mark.parametrize("text", ["s3a://b/x", "S3://B/x.lmdb", "git+ssh://host/x", "file:///tmp/x.shards",
+                                  "x-y.z://h"])
 def test_urls_of_any_scheme_are_urls(text: str) -> None:
     assert is_url(text)
 
