@@ -70,7 +70,7 @@ def _check_loader(path: str | os.PathLike[str], loader: dict[str, Any]) -> None:
         if not isinstance(loader[name], bool):
             problems.append(f"{name} {loader[name]!r} must be true or false")
     prefetch, workers = loader["prefetch_factor"], loader["num_workers"]
-    if workers == 0 and (prefetch is not None or loader["persistent_workers"] is True):
+    if is_int(workers, 0) and workers == 0 and (prefetch is not None or loader["persistent_workers"] is True):
         problems.append("with num_workers 0, prefetch_factor must be null and persistent_workers false")
     elif is_int(workers, 1) and not is_int(prefetch, 1):
         problems.append(f"prefetch_factor {prefetch!r} must be an integer of at least 1")

@@ -107,6 +107,7 @@ def test_a_loader_that_lacks_fields_and_has_others_names_both(tmp_path: Path) ->
     ({"batch_size": 2.0}, ["batch_size 2.0 must be an integer of at least 1"]),
     ({"batch_size": "8"}, ["batch_size '8' must be an integer of at least 1"]),
     ({"num_workers": "2"}, ["num_workers '2' must be an integer of at least 0"]),
+    ({"num_workers": False}, ["num_workers False must be an integer of at least 0"]),  # not taken for 0
     ({"pin_memory": 1}, ["pin_memory 1 must be true or false"]),
     ({"persistent_workers": None}, ["persistent_workers None must be true or false"]),
     ({"prefetch_factor": None}, ["prefetch_factor None must be an integer of at least 1"]),
