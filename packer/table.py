@@ -120,7 +120,8 @@ class Table:
                 self.label_type = kind if name in given else ("int" if seen.kinds <= {"int"} and seen.kinds
                                                               else "string")
                 continue
-            if name not in given and kind == "string" and seen.example and seen.others <= max(1, seen.numbers // 100):
+            if (name not in given and kind == "string" and seen.example and seen.numbers > seen.others
+                    and seen.others <= max(1, seen.numbers // 100)):
                 number, cell = seen.example  # a column of numbers but for a few cells: said, not guessed
                 some = f"{seen.others:,} of its cells is not a number" if seen.others == 1 else \
                     f"{seen.others:,} of its cells are not numbers"

@@ -4,6 +4,7 @@ and a table that changes between the passes refused."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,17 @@ def test_a_numeric_column_with_a_stray_word_is_text_with_a_warning(tmp_path: Pat
     rows = "".join(f"{k}.png,{k}\n" for k in range(50)) + "x.png,n/a\n"
     with pytest.warns(UserWarning, match=r"column 'v' is stored as text: 1 of its cells is not a number \(row 51: "
                                          r"'n/a'\); give --field v:int"):
+        table = _table(tmp_path, "path,v\n" + rows)
+    assert table.types == {"v": "string"}
+
+
+@pytest.mark.parametrize("cells", [["hello"], ["", "hello"], ["7", "n/a"]])
+def test_a_text_column_that_is_not_mostly_numbers_is_text_without_a_warning(tmp_path: Path, cells: list[str]) -> None:
+    """The warning is for a column of numbers but for a stray cell: a text column of one word, or
+    as many words as numbers, is simply text."""
+    rows = "".join(f"{k}.png,{cell}\n" for k, cell in enumerate(cells))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         table = _table(tmp_path, "path,v\n" + rows)
     assert table.types == {"v": "string"}
 
