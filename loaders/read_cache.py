@@ -45,6 +45,7 @@ from packload.loaders.cache_folder import (
     CLOEXEC,
     MARKER_NAME,
     NOFOLLOW,
+    NONBLOCK,
     CacheFolder,
     CacheUnusableError,
     default_cache_dir,
@@ -121,7 +122,7 @@ class BlockCache:
             return None
         name = entry_name(identity)
         try:
-            fd = os.open(name + DATA_SUFFIX, os.O_RDONLY | NOFOLLOW | CLOEXEC, dir_fd=folder)
+            fd = os.open(name + DATA_SUFFIX, os.O_RDONLY | NONBLOCK | NOFOLLOW | CLOEXEC, dir_fd=folder)  # a FIFO: no wait
         except OSError:
             return None
         try:

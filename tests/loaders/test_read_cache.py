@@ -28,6 +28,7 @@ from packload.loaders.read_cache import (
     entry_name,
     pack_folder_name,
 )
+from tests.no_hang import within
 
 P = pack_folder_name("pack", "a manifest")
 Q = pack_folder_name("pack", "another manifest")
@@ -68,6 +69,16 @@ def test_put_and_read_round_trip(tmp_path):
     assert cache.read(Q, "shard-00000.bin block 0", 300) is None  # another pack's folder
     assert BlockCache(tmp_path).read(P, "shard-00000.bin block 0", 300) is not None  # another open checks it
     assert (tmp_path / CACHE_SUBFOLDER / MARKER_NAME).is_file()  # packload's folder, marked as its own
+
+
+def test_a_fifo_planted_where_a_block_belongs_is_a_miss_not_a_hang(tmp_path):
+    cache = BlockCache(tmp_path, limit=10_000)
+    assert cache.put(P, "block", b"x" * 300)
+    path = _blk(cache, P, "block")
+    path.unlink()
+    os.mkfifo(path)
+    with within(5):
+        assert cache.read(P, "block", 300) is None
 
 
 def test_the_least_recently_used_go_first_and_the_limit_holds(tmp_path):
