@@ -22,7 +22,8 @@ _URL_IN_TEXT = re.compile(r"""[A-Za-z][A-Za-z0-9+.\-]*://[^\s'"<>()\[\]{}]+""")
 _SECRET_PARAMETER = re.compile(
     r"(?i)\b(x-amz-[a-z-]*|x-goog-[a-z-]*|signature|sig|se|sp|sv|sr|skoid|sktid|token|access_token|"
     r"id_token|refresh_token|api[_-]?key|key|password|passwd|secret|credential|awsaccesskeyid|"
-    r"googleaccessid|policy|expires)=([^&\s'\"<>]+)")
+    r"googleaccessid|policy|expires)=([^&\s'\"<>]+?)(?=[,;.)\]}]{0,8}(?:[&\s'\"<>]|$))")
+# (a value ends before the punctuation that ends its sentence or bracket: ``(sig=abc),`` keeps ``),``)
 
 
 def _redact_pairs(text: str) -> str:

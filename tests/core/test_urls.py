@@ -44,6 +44,9 @@ def test_display_url_of_what_it_showed_is_the_same() -> None:
      f"X-Amz-Signature={REDACTED} monkey=banana api-key={REDACTED} size=5 Expires={REDACTED}"),
     ("Password=hunter2&x-goog-credential=c", f"Password={REDACTED}&x-goog-credential={REDACTED}"),
     ("no secrets here: 403 Forbidden", "no secrets here: 403 Forbidden"),
+    # punctuation after a value is the sentence's, kept; inside a value it is the value's, redacted
+    ("failed (sig=s, key=k). retry", f"failed (sig={REDACTED}, key={REDACTED}). retry"),
+    ("password=pa,ss;w) end", f"password={REDACTED}) end"),
 ])
 def test_redact_text(text: str, shown: str) -> None:
     assert redact_text(text) == shown
