@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import Dataset
 
 from packload.core.errors import PackChangedError
+from packload.core.manifest import Manifest
 from packload.core.remote import is_url
 from packload.core.urls import display_url
 from packload.loaders.batch_engine import BatchEngine
@@ -264,8 +265,9 @@ class PackedImageFolder(Dataset):
         return self._encoding
 
     @property
-    def manifest(self) -> dict[str, Any]:
-        """The pack's manifest (read from the pack, not carried to worker processes)."""
+    def manifest(self) -> Manifest:
+        """The pack's manifest (read from the pack, not carried to worker processes): a ``dict``
+        with a property for each field (``packload.core.manifest.Manifest``)."""
         return self.reader().manifest
 
     @property

@@ -27,16 +27,17 @@ from torch.utils.data import default_collate
 
 from packload.core.errors import ChecksumError, PackFormatError, UsageError
 from packload.core.fields import Column, check_columns_match, decode_fields
+from packload.core.manifest import Manifest
 from packload.loaders.field_columns import FieldColumn, ListColumn, StringColumn
 from packload.loaders.read import PackReader
 
 LABEL = "label"  # the name the class index goes by among a record's fields
 
 
-def field_types(manifest: dict[str, Any]) -> dict[str, str]:
+def field_types(manifest: Manifest) -> dict[str, str]:
     """``{name: type}`` of a pack's fields, as its manifest lists them (empty without a table)."""
-    fields = manifest.get("fields")
-    return {c["name"]: c["type"] for c in fields["columns"]} if isinstance(fields, dict) else {}
+    fields = manifest.fields
+    return {c["name"]: c["type"] for c in fields["columns"]} if fields else {}
 
 
 class PackFields:
@@ -45,9 +46,9 @@ class PackFields:
 
     def __init__(self, reader: PackReader, check: bool = False) -> None:
         self.reader = reader
-        listed = reader.manifest.get("fields")
+        listed = reader.manifest.fields
         self.columns: dict[str, Column] = {}
-        if not isinstance(listed, dict):
+        if not listed:
             return
         where = f"{reader.path}: fields ({listed['name']})"
         data = reader.fields_bytes()
@@ -274,8 +275,8 @@ def _collate_one(values: list[Any]) -> Any:
 def verify_fields(reader: PackReader) -> list[dict[str, str]]:
     """What is wrong with a pack's fields part (``verify``): its size and sha256 against the
     manifest, then its layout. Empty for a pack without fields, or with intact ones."""
-    listed = reader.manifest.get("fields")
-    if not isinstance(listed, dict):
+    listed = reader.manifest.fields
+    if not listed:
         return []
     name = listed["name"]
     try:
@@ -291,11 +292,11 @@ def verify_fields(reader: PackReader) -> list[dict[str, str]]:
     return []
 
 
-def fields_info(manifest: dict[str, Any]) -> dict[str, Any] | None:
+def fields_info(manifest: Manifest) -> dict[str, Any] | None:
     """What ``info`` says of a pack's fields: their types, the table they came from, its class
     column, and the rows left out (the first ones listed); None for a pack without a table."""
-    fields = manifest.get("fields")
-    if not isinstance(fields, dict):
+    fields = manifest.fields
+    if not fields:
         return None
     return {"columns": field_types(manifest), "table": fields.get("table", {}),
             "path_column": fields.get("path_column"), "label_column": fields.get("label_column"),
@@ -308,7 +309,7 @@ def table_text(reader: PackReader, paths: Sequence[str]) -> str:
     record's path as written, ``paths``), the class column (names, or integers as packed) and every
     field, one row per record in record order. Numbers as Python writes them back exactly, booleans
     as ``true``/``false``, lists as JSON."""
-    listed = reader.manifest["fields"]
+    listed = reader.manifest.fields
     fields = PackFields(reader, check=True)
     label, label_type = listed.get("label_column"), listed.get("label_type")
     names = [name for name in fields.columns]

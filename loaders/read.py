@@ -30,6 +30,7 @@ from packload.core.format import (
     PAYLOAD_FORMATS,
     entry_path,
 )
+from packload.core.manifest import Manifest
 from packload.core.remote import is_url
 from packload.core.storage import reads_wait
 from packload.core.urls import display_url
@@ -40,10 +41,10 @@ from packload.loaders.read_checks import check_index_agrees, check_index_digest
 from packload.loaders.read_remote import DEFAULT_BLOCK_SIZE, RemoteShardsPack
 
 
-def pack_identity(manifest: dict[str, Any]) -> str:
+def pack_identity(manifest: Manifest) -> str:
     """What tells this pack from any other written to the same path: the manifest's ``id`` (new for
     every pack written), or for packs written before it existed, the index's sha256."""
-    identity = manifest.get("id") or manifest.get("index", {}).get("sha256")
+    identity = manifest.id or manifest.index.get("sha256")
     return str(identity or "")
 
 
@@ -122,7 +123,7 @@ class PackReader:
     def _adopt(self, pack: PackBackend) -> None:
         """Read through ``pack``, its index checked against its manifest first."""
         self._pack = pack
-        self.manifest: dict[str, Any] = pack.manifest
+        self.manifest: Manifest = pack.manifest
         self.entries: np.ndarray = pack.entries
         self.paths: bytes = pack.paths
         self.part_names: list[str] = pack.part_names
@@ -152,11 +153,11 @@ class PackReader:
     # -- metadata --------------------------------------------------------------------------
     @property
     def classes(self) -> list[str]:
-        return list(self.manifest["classes"])
+        return list(self.manifest.classes)
 
     @property
     def encoding(self) -> str:
-        return self.manifest["encoding"]
+        return self.manifest.encoding
 
     @property
     def identity(self) -> str:

@@ -10,9 +10,11 @@ shard of a shards pack, a chunk of an LMDB pack.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
+
+from packload.core.manifest import Manifest
 
 
 @runtime_checkable
@@ -20,7 +22,7 @@ class PackBackend(Protocol):
     """One open pack, local or at a URL."""
 
     backend: str  # "shards" or "lmdb"
-    manifest: dict[str, Any]
+    manifest: Manifest
     entries: np.ndarray  # the index: one INDEX_ENTRY per record (core.format)
     paths: bytes  # every record's original relative path, one blob (the index points into it)
     part_names: list[str]  # the shards' file names (none for LMDB, whose parts are chunks)

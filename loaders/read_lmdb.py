@@ -15,7 +15,6 @@ import mmap
 import os
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -32,7 +31,7 @@ from packload.core.format import (
 )
 from packload.core.lmdb_meta import HEADER, MAGIC, current_meta
 from packload.core.lmdb_pages import LmdbLayout
-from packload.core.manifest import MANIFEST_LIMIT, check_listed_size, decode_manifest
+from packload.core.manifest import MANIFEST_LIMIT, Manifest, check_listed_size, decode_manifest
 from packload.core.safe_files import open_regular
 from packload.loaders.prefetch import PAGE, ParallelFetcher, cut, distinct
 
@@ -88,15 +87,15 @@ class LmdbPack:
         if manifest[1] > MANIFEST_LIMIT:
             raise PackFormatError(f"{self.path}: manifest of {manifest[1]:,} bytes, more than the "
                                   f"{MANIFEST_LIMIT:,} a packload manifest may take; the pack is damaged")
-        self.manifest: dict[str, Any] = decode_manifest(self._value(*manifest).tobytes(), str(self.path))
-        if self.manifest["backend"] != "lmdb":
-            raise PackFormatError(f"{self.path}: manifest is for {pack_phrase(self.manifest['backend'])}")
+        self.manifest: Manifest = decode_manifest(self._value(*manifest).tobytes(), str(self.path))
+        if self.manifest.backend != "lmdb":
+            raise PackFormatError(f"{self.path}: manifest is for {pack_phrase(self.manifest.backend)}")
         if index is None:
             raise PackFormatError(f"{self.path}: no index; the pack is damaged")
         # Sizes checked against what can be true before the index is read (see decode_index).
-        check_listed_size(index[1], self.manifest.get("index", {}).get("size"), f"{self.path}: index")
+        check_listed_size(index[1], self.manifest.index.get("size"), f"{self.path}: index")
         self._index_view = self._value(*index)
-        self.entries, self.paths = decode_index(self._index_view, str(self.path), self.manifest["records"], size)
+        self.entries, self.paths = decode_index(self._index_view, str(self.path), self.manifest.records, size)
         meta = current_meta(self._tree, str(self.path))
         self.used_bytes = min(size, (meta.last_pgno + 1) * meta.page_size)  # LMDB's pages: what is ever read
         self._need = self._chunk_needs()
@@ -189,7 +188,7 @@ class LmdbPack:
         if place is None:
             raise PackFormatError(f"{self.path}: no #fields, though the manifest lists the pack's fields; the pack "
                                   "is damaged")
-        check_listed_size(place[1], self.manifest.get("fields", {}).get("size"), f"{self.path}: #fields")
+        check_listed_size(place[1], self.manifest.fields.get("size"), f"{self.path}: #fields")
         return self._value(*place)
 
     def pack_bytes(self) -> int:

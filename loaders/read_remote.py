@@ -118,7 +118,7 @@ class RemoteShardsPack:
         size = int(self.part_sizes[part])
         blocks = self.fetches.get_all([(part, b) for b in range(-(-size // self.block_size))])
         joined = b"".join(bytes(blocks[(part, b)]) for b in range(len(blocks)))
-        expected = self.manifest["parts"][part].get("sha256")
+        expected = self.manifest.shards[part].get("sha256")
         if expected and hashlib.sha256(joined).hexdigest() != expected:
             if self.pin.changed_now():
                 raise self.changed()
@@ -147,7 +147,7 @@ class RemoteShardsPack:
     def fields_bytes(self) -> bytes:
         """``fields.bin`` (a pack made from a table), fetched whole on first use and kept in the cache."""
         if getattr(self, "_fields", None) is None:
-            size = int(self.manifest.get("fields", {}).get("size", 0))
+            size = int(self.manifest.fields.get("size", 0))
             listed = self.opened.listed.get(FIELDS_NAME)
             if listed is None:
                 raise PackFormatError(f"{self.store.shown_of(FIELDS_NAME)}: missing, though the manifest lists the "

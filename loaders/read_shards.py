@@ -15,7 +15,6 @@ import mmap
 import os
 import stat
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -36,7 +35,7 @@ from packload.core.format import (
     decode_shard_header,
     shard_number,
 )
-from packload.core.manifest import MANIFEST_LIMIT, check_listed_size, decode_manifest, shard_parts
+from packload.core.manifest import MANIFEST_LIMIT, Manifest, check_listed_size, decode_manifest, shard_parts
 from packload.core.safe_files import (
     FileChangedError,
     FileTooLargeError,
@@ -82,8 +81,8 @@ class ShardsPack:
 
     def _open(self) -> None:
         self.manifest = self._read_manifest()
-        if self.manifest["backend"] != "shards":
-            raise PackFormatError(f"{self.path / MANIFEST_NAME}: manifest is for {pack_phrase(self.manifest['backend'])}")
+        if self.manifest.backend != "shards":
+            raise PackFormatError(f"{self.path / MANIFEST_NAME}: manifest is for {pack_phrase(self.manifest.backend)}")
         index_path = self.path / INDEX_NAME
         # Every size is checked against what can be true before anything is read: the shards' sizes
         # against the manifest, the index's against the manifest and its header against both, each
@@ -97,18 +96,18 @@ class ShardsPack:
         try:
             if info.st_size == 0:
                 raise PackFormatError(f"{index_path}: empty; the pack is damaged")
-            check_listed_size(info.st_size, self.manifest.get("index", {}).get("size"), str(index_path))
+            check_listed_size(info.st_size, self.manifest.index.get("size"), str(index_path))
             if self._fetcher.threads:  # network/FUSE: faulting it in waits ~2 requests at a time
                 self._fetcher.fetch([(fd, 0, info.st_size)])
             self._index_map = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
         finally:
             os.close(fd)
-        self.entries, self.paths = decode_index(self._index_map, str(index_path), self.manifest["records"],
+        self.entries, self.paths = decode_index(self._index_map, str(index_path), self.manifest.records,
                                                 sum(sizes))
         check_entries_fit(self.entries, self.part_sizes.astype(np.uint64), str(index_path))
         check_parts_reached(self.entries, self.part_sizes, self.part_names, str(self.path))
 
-    def _read_manifest(self) -> dict[str, Any]:
+    def _read_manifest(self) -> Manifest:
         manifest_path = self.path / MANIFEST_NAME
         try:
             raw = read_regular(MANIFEST_NAME, limit=MANIFEST_LIMIT, dir_fd=self._dir)
@@ -244,7 +243,7 @@ class ShardsPack:
             except OSError as exc:
                 raise _damaged_file(path, exc) from None
             try:
-                check_listed_size(info.st_size, self.manifest.get("fields", {}).get("size"), str(path))
+                check_listed_size(info.st_size, self.manifest.fields.get("size"), str(path))
                 self._fields_map = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
             finally:
                 os.close(fd)

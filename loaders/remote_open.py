@@ -25,7 +25,7 @@ from packload.core.format import (
     decode_index,
     shard_number,
 )
-from packload.core.manifest import MANIFEST_LIMIT, decode_manifest, shard_parts
+from packload.core.manifest import MANIFEST_LIMIT, Manifest, decode_manifest, shard_parts
 from packload.core.remote import ObjectChangedError, RemoteMissingError, RemoteStore, content_matches_tag
 from packload.loaders.read_cache import BlockCache, pack_folder_name
 from packload.loaders.remote_pin import ChangedWhileOpening, PackPin
@@ -39,7 +39,7 @@ class OpenedPack:
 
     pin: PackPin  # the versions read, and the manifest's hash
     listed: dict[str, dict[str, Any]]  # the listing's own entries, by name
-    manifest: dict[str, Any]
+    manifest: Manifest
     key: str  # the cache's folder of this pack (by its manifest)
     part_names: list[str]
     part_sizes: np.ndarray  # int64, each shard's size as listed and as the manifest says
@@ -80,14 +80,14 @@ def _open(store: RemoteStore, cache: BlockCache, listing: dict[str, int], manife
             raise ChangedWhileOpening from None
     pin = PackPin(store, tags, hashlib.sha256(raw).hexdigest())
     manifest = decode_manifest(raw, store.shown_of(MANIFEST_NAME))
-    if manifest["backend"] != "shards":
-        raise PackFormatError(f"{store.shown_of(MANIFEST_NAME)}: manifest is for {pack_phrase(manifest['backend'])}")
+    if manifest.backend != "shards":
+        raise PackFormatError(f"{store.shown_of(MANIFEST_NAME)}: manifest is for {pack_phrase(manifest.backend)}")
     key = pack_folder_name("pack", pin.manifest_sha256)
     part_names, sizes = _shard_list(store, manifest, listing, pin)
     part_sizes = np.array(sizes, dtype=np.int64)
     index = _read_index(store, cache, key, manifest, listing, pin)
     where = store.shown_of(INDEX_NAME)
-    entries, paths = decode_index(index, where, manifest["records"], sum(sizes))
+    entries, paths = decode_index(index, where, manifest.records, sum(sizes))
     check_entries_fit(entries, part_sizes.astype(np.uint64), where)
     check_parts_reached(entries, part_sizes, part_names, store.shown)  # no tail to fetch
     return OpenedPack(pin, listed, manifest, key, part_names, part_sizes, index, entries, paths)
@@ -106,7 +106,7 @@ def _refuse_without_manifest(store: RemoteStore, listing: dict[str, int]) -> Non
     raise UsageError(f"{url}: not a pack (no {MANIFEST_NAME}); give a shards folder that `pack` wrote")
 
 
-def _shard_list(store: RemoteStore, manifest: dict[str, Any], listing: dict[str, int],
+def _shard_list(store: RemoteStore, manifest: Manifest, listing: dict[str, int],
                 pin: PackPin) -> tuple[list[str], list[int]]:
     """The shards' names and sizes from the manifest, each checked against the store's listing."""
     parts = shard_parts(manifest, str(store.shown_of(MANIFEST_NAME)))
@@ -125,7 +125,7 @@ def _shard_list(store: RemoteStore, manifest: dict[str, Any], listing: dict[str,
     return names, sizes
 
 
-def _read_index(store: RemoteStore, cache: BlockCache, key: str, manifest: dict[str, Any], listing: dict[str, int],
+def _read_index(store: RemoteStore, cache: BlockCache, key: str, manifest: Manifest, listing: dict[str, int],
                 pin: PackPin) -> bytes:
     """The index, from the cache when it holds this pack's (its record and sha256 checked), else
     fetched (pinned to the version listed) and kept there."""
@@ -134,7 +134,7 @@ def _read_index(store: RemoteStore, cache: BlockCache, key: str, manifest: dict[
         pin.refuse_if_changed_while_opening()
         raise PackFormatError(f"{where}: missing; the pack is incomplete, upload it again")
     size = listing[INDEX_NAME]
-    expected = manifest.get("index", {})
+    expected = manifest.index
     if size == 0 or ("size" in expected and size != expected["size"]):
         pin.refuse_if_changed_while_opening()
         raise PackFormatError(f"{where}: {size} bytes, the manifest says {expected.get('size')}; the pack "

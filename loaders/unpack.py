@@ -312,14 +312,14 @@ def unpack(path: str | os.PathLike[str], out: str | os.PathLike[str], overwrite:
             table = _write_table(reader, targets, root_fd, out_dir)
         renamed = [{"path": p, "written_as": str(t.path)} for p, t in zip(paths, targets, strict=True) if t.renamed]
         return {"path": str(reader.path), "out": str(out_dir), "files": files, "bytes": size,
-                "skipped_at_pack_time": reader.manifest["skipped"], "renamed": renamed, "table": table}
+                "skipped_at_pack_time": reader.manifest.skipped, "renamed": renamed, "table": table}
 
 
 def _write_table(reader: PackReader, targets: list[Target], root_fd: int, shown: Path) -> str | None:
     """A pack made from a table: write the table back beside the images, as CSV named after the
     one packed (``labels.csv``), its paths the files as written; returns its name (None: no table)."""
-    fields = reader.manifest.get("fields")
-    if not isinstance(fields, dict):
+    fields = reader.manifest.fields
+    if not fields:
         return None
     packed = str(fields.get("table", {}).get("name") or "labels.csv")
     stem = PurePosixPath(packed).stem if "/" not in packed and "\\" not in packed else ""

@@ -25,7 +25,6 @@ from packload.core.format import (
     decode_record_header,
     entry_path,
 )
-from packload.core.manifest import ignored_count, skipped_count
 from packload.core.pack_download import download_pack
 from packload.core.progress import progress_bar
 from packload.core.remote import is_url
@@ -42,22 +41,22 @@ def info(path: str | os.PathLike[str]) -> dict[str, Any]:
         return {
             "path": str(reader.path),
             "backend": reader.backend,
-            "encoding": manifest["encoding"],
-            "format_version": manifest["version"],
+            "encoding": manifest.encoding,
+            "format_version": manifest.version,
             "records": reader.records,
-            "classes": manifest["classes"],
-            "class_counts": manifest.get("class_counts", {}),
-            "labelled": manifest.get("labelled", bool(manifest["classes"])),
+            "classes": manifest.classes,
+            "class_counts": manifest.class_counts or {},
+            "labelled": manifest.labelled,
             "pack_bytes": _remote_size(reader) if reader.remote else reader.pack_bytes(),
-            "payload_bytes": manifest.get("payload_bytes"),
-            "source": manifest.get("source", {}),
-            "skipped": manifest["skipped"],
-            "skipped_count": skipped_count(manifest),
-            "ignored": manifest.get("ignored", []),
-            "ignored_count": ignored_count(manifest),
-            "options": manifest.get("options", {}),
-            "created": manifest.get("created"),
-            "packload_version": manifest.get("packload_version"),
+            "payload_bytes": manifest.payload_bytes,
+            "source": manifest.source,
+            "skipped": manifest.skipped,
+            "skipped_count": manifest.skipped_count,
+            "ignored": manifest.ignored,
+            "ignored_count": manifest.ignored_count,
+            "options": manifest.options,
+            "created": manifest.created,
+            "packload_version": manifest.packload_version,
             "fields": fields_info(manifest),
         }
 
@@ -67,8 +66,7 @@ def _remote_size(reader: PackReader) -> int:
     store's listing checked them), or the LMDB object (as fetched)."""
     if reader.backend == "lmdb":
         return reader.local_path.stat().st_size
-    manifest = reader.manifest
-    return sum(int(part["size"]) for part in manifest["parts"]) + len(reader.index_bytes())
+    return sum(int(part["size"]) for part in reader.manifest.shards) + len(reader.index_bytes())
 
 
 def file_problems(reader: PackReader, shards: bool = True, index: bool = True) -> list[dict[str, str]]:
@@ -79,7 +77,7 @@ def file_problems(reader: PackReader, shards: bool = True, index: bool = True) -
     problems = []
     manifest = reader.manifest
     if reader.backend == "shards" and shards:
-        for part in manifest["parts"]:
+        for part in manifest.shards:
             size = int(part.get("size", 0))
             try:
                 digest = sha256_file(reader.path / part["name"], size)
@@ -97,8 +95,8 @@ def file_problems(reader: PackReader, shards: bool = True, index: bool = True) -
     if not index:
         return problems
     index_digest = hashlib.sha256(reader.index_bytes()).hexdigest()
-    if index_digest != manifest.get("index", {}).get("sha256"):
-        problems.append({"file": manifest.get("index", {}).get("name", "index"),
+    if index_digest != manifest.index.get("sha256"):
+        problems.append({"file": manifest.index.get("name", "index"),
                          "problem": "sha256 differs from the manifest"})
     return problems
 
@@ -110,28 +108,27 @@ def manifest_problems(reader: PackReader) -> list[dict[str, str]]:
     problems = []
     labels = entries["label"].astype(np.int64)
     per_class = np.bincount(labels[labels >= 0], minlength=len(reader.classes)).tolist()
-    if "class_counts" in manifest and manifest["class_counts"] != dict(zip(reader.classes, per_class, strict=True)):
+    if manifest.class_counts is not None and manifest.class_counts != dict(zip(reader.classes, per_class, strict=True)):
         problems.append("class_counts disagree with the index")
-    if manifest.get("payload_bytes") is not None and manifest["payload_bytes"] != int(entries["payload_len"].sum()):
+    if manifest.payload_bytes is not None and manifest.payload_bytes != int(entries["payload_len"].sum()):
         problems.append("payload_bytes disagrees with the index")
-    files = manifest.get("source", {}).get("files")
-    if files is not None and files != reader.records + skipped_count(manifest):
+    files = manifest.source.get("files")
+    if files is not None and files != reader.records + manifest.skipped_count:
         problems.append("source files disagree with the records and skipped files")
     # Counted with unique, not bincount: a damaged part number must not size an array.
     numbers, counts = np.unique(entries["part"], return_counts=True)
     per_part = dict(zip(numbers.tolist(), counts.tolist(), strict=True))
     if reader.backend == "shards":
-        listed = [part.get("records") for part in manifest["parts"]]
+        listed = [part.get("records") for part in manifest.shards]
         if any(n is not None for n in listed) and per_part != {p: n for p, n in enumerate(listed) if n}:
             problems.append("shard record counts disagree with the index")
-    elif not isinstance(manifest.get("parts"), dict):
+    elif manifest.chunks is None:
         problems.append("parts (chunks, chunk_size) missing")
-    elif len(per_part) != manifest["parts"]["chunks"] or sorted(per_part) != list(range(len(per_part))):
+    elif len(per_part) != manifest.chunks or sorted(per_part) != list(range(len(per_part))):
         problems.append("chunk count disagrees with the index")
-    index = manifest.get("index")
-    if not isinstance(index, dict):
+    if not manifest.index:
         problems.append("index (name, size, sha256) missing")
-    elif index.get("size") != len(reader.index_bytes()):
+    elif manifest.index.get("size") != len(reader.index_bytes()):
         problems.append("index size disagrees with the index")
     return [{"file": name, "problem": problem} for problem in problems]
 

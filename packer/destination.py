@@ -27,13 +27,12 @@ import os
 import re
 import shutil
 import stat
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from packload.core.errors import PackFormatError, UsageError, WriteError
 from packload.core.format import (
     FIELDS_NAME,
-    FORMAT_NAME,
     INDEX_NAME,
     LMDB_CHUNK_PREFIX,
     LMDB_FIELDS_KEY,
@@ -50,7 +49,7 @@ from packload.core.format import (
 )
 from packload.core.lmdb_meta import starts_as_lmdb
 from packload.core.lmdb_pages import file_keys
-from packload.core.manifest import MANIFEST_LIMIT
+from packload.core.manifest import MANIFEST_LIMIT, is_packload_manifest
 from packload.core.safe_files import read_regular
 from packload.core.storage import unwritable_reason
 from packload.packer.write_shards import fsync_dir
@@ -181,16 +180,14 @@ def check_apart(dst: Path, inputs: Sequence[Path], role: str) -> None:
 
 
 # -- what is a pack ---------------------------------------------------------------------------
-def _is_our_json(path: Path, key: str) -> bool:
-    """Whether ``path`` is a JSON object of packload's: a manifest (``format`` is ours) or a
-    progress record (it has ``options``)."""
+def _is_our_json(path: Path, ours: Callable[[bytes], bool]) -> bool:
+    """Whether the file ``path`` is a JSON object of packload's, as ``ours`` tells from its bytes: a
+    manifest (``is_our_manifest``) or a progress record (``is_our_progress``)."""
     try:
-        record = json.loads(read_regular(path, limit=MANIFEST_LIMIT))
-    except (OSError, ValueError, RecursionError):
+        raw = read_regular(path, limit=MANIFEST_LIMIT)
+    except OSError:
         return False
-    if not isinstance(record, dict):
-        return False
-    return record.get("format") == FORMAT_NAME if key == "format" else "options" in record
+    return ours(raw)
 
 
 def _folder_problem(folder: Path, partial: bool) -> str | None:
@@ -214,9 +211,9 @@ def _folder_problem(folder: Path, partial: bool) -> str | None:
         return f"cannot be read ({system_reason(exc)})"
     if partial:
         return None
-    if MANIFEST_NAME in names and _is_our_json(folder / MANIFEST_NAME, "format"):
+    if MANIFEST_NAME in names and _is_our_json(folder / MANIFEST_NAME, is_our_manifest):
         return None
-    if PROGRESS_NAME in names and _is_our_json(folder / PROGRESS_NAME, "options"):
+    if PROGRESS_NAME in names and _is_our_json(folder / PROGRESS_NAME, is_our_progress):
         return None
     return "holds no manifest.json of packload's"
 
@@ -300,7 +297,7 @@ def _is_manifest_bytes(raw: bytes) -> bool:
         record = json.loads(raw) if len(raw) <= MANIFEST_LIMIT else None
     except (ValueError, RecursionError):
         return False
-    return isinstance(record, dict) and record.get("format") == FORMAT_NAME
+    return is_packload_manifest(record)
 
 
 def _our_key(key: bytes) -> bool:

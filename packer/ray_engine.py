@@ -32,7 +32,7 @@ import numpy as np
 
 from packload.core.display import plural, terminal_safe
 from packload.core.errors import PackloadError, SkippedFileError, UsageError
-from packload.core.manifest import build_manifest, ignored_count, skipped_count
+from packload.core.manifest import build_manifest
 from packload.core.progress import progress_bar
 from packload.core.remote import is_url
 from packload.core.scan import Sample, ScanResult, printable
@@ -219,7 +219,7 @@ class _Run:
             raise
         pack_bytes = target.publish()
         seconds = time.perf_counter() - started
-        source_bytes = manifest["source"]["bytes"]
+        source_bytes = manifest.source["bytes"]
         ran = [r for k, r in tasks.results.items() if k not in kept]  # the tasks of this run
         task_seconds = [r["seconds"] for r in ran] or [0.0]
         run_files = sum(b - a for k, (a, b) in enumerate(ranges) if k not in kept)
@@ -232,8 +232,8 @@ class _Run:
             "encoding": options.encoding,
             "records": records,
             "classes": len(scan.classes),
-            "skipped": skipped_count(manifest),
-            "ignored": ignored_count(manifest),
+            "skipped": manifest.skipped_count,
+            "ignored": manifest.ignored_count,
             "source_bytes": source_bytes,
             "pack_bytes": pack_bytes,
             "seconds": round(seconds, 3),

@@ -8,7 +8,6 @@ driver's are kept for ``--resume``.
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
@@ -24,7 +23,7 @@ from packload.core.format import (
     RAY_RUN_NAME,
     pack_size,
 )
-from packload.core.manifest import encode_manifest
+from packload.core.manifest import Manifest, encode_manifest, index_entry
 from packload.packer.combine import ShardPayloads, ShardSource, copy_records
 from packload.packer.destination import creation_error
 from packload.packer.pack_destination import PackDestination
@@ -81,7 +80,7 @@ class LocalTarget:
         return [task_source(self.staging / task_name(r["task"])) for r in results]
 
     def finish(self, sources: list[ShardSource], parts: list[dict[str, Any]], index: bytes,
-               manifest: dict[str, Any], files: int) -> None:
+               manifest: Manifest, files: int) -> None:
         if self.backend == "shards":
             _finish_shards(sources, parts, self.tmp, index, manifest, self.fields)
         else:
@@ -106,23 +105,22 @@ def staging_path(dst: Path) -> Path:
 
 
 def _finish_shards(sources: list[ShardSource], parts: list[dict[str, Any]], tmp: Path, index: bytes,
-                   manifest: dict[str, Any], fields: FieldsPart | None = None) -> None:
+                   manifest: Manifest, fields: FieldsPart | None = None) -> None:
     """With every shard in place: write the index, drop the task folders and the run record, and
     write the manifest last. (A driver killed before the manifest leaves a pack that resumes: a task
     folder already dropped is packed again, and its shards replace the same ones.)"""
     write_file_atomic(tmp / INDEX_NAME, index)
     if fields is not None:
-        manifest["fields"] = write_part_atomic(tmp / FIELDS_NAME, fields)
+        manifest.fields = write_part_atomic(tmp / FIELDS_NAME, fields)
     for source in sources:
         shutil.rmtree(source.folder)
     (tmp / RAY_RUN_NAME).unlink()
-    manifest.update(parts=parts, index={"name": INDEX_NAME, "size": len(index),
-                                        "sha256": hashlib.sha256(index).hexdigest()})
+    manifest.parts, manifest.index = parts, index_entry(INDEX_NAME, index)
     write_file_atomic(tmp / MANIFEST_NAME, encode_manifest(manifest))
     fsync_dir(tmp)
 
 
-def join_lmdb(sources: Iterable[ShardSource], tmp: Path, files: int, manifest: dict[str, Any],
+def join_lmdb(sources: Iterable[ShardSource], tmp: Path, files: int, manifest: Manifest,
               fields: FieldsPart | None = None) -> None:
     """Copy every task's records, in order, into the LMDB file ``tmp`` (chunks as ``pack`` makes),
     then its index and ``manifest`` (updated with them). ``sources`` is read one after the other:

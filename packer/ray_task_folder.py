@@ -9,16 +9,16 @@ imports the other's module for it.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from packload.core.format import INDEX_NAME, MANIFEST_NAME, decode_index
+from packload.core.manifest import decode_manifest
 from packload.packer.combine import ShardSource
 
 
 def task_source(folder: Path) -> ShardSource:
     """The task pack in ``folder`` (its ``manifest.json`` and index; the shards stay where they are)
     as the source ``place_shards`` renumbers and the LMDB join copies from."""
-    manifest = json.loads((folder / MANIFEST_NAME).read_bytes())
+    manifest = decode_manifest((folder / MANIFEST_NAME).read_bytes(), str(folder / MANIFEST_NAME))
     entries, paths = decode_index((folder / INDEX_NAME).read_bytes(), str(folder / INDEX_NAME))
-    return ShardSource(folder, manifest["parts"], entries, paths)
+    return ShardSource(folder, manifest.shards, entries, paths)

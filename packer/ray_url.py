@@ -23,7 +23,6 @@ locks: two packs to the same URL at once are not prevented.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import tempfile
@@ -33,7 +32,7 @@ from typing import Any
 
 from packload.core.errors import UsageError
 from packload.core.format import FIELDS_NAME, INDEX_NAME, MANIFEST_NAME, PARTIAL_SUFFIX, RAY_RUN_NAME
-from packload.core.manifest import encode_manifest
+from packload.core.manifest import Manifest, encode_manifest, index_entry
 from packload.core.remote import RemoteStore
 from packload.packer.combine import ShardSource
 from packload.packer.pipeline import backend_for
@@ -182,17 +181,16 @@ class UrlTarget:
         return [remote_task_source(self._task_store(r["task"])) for r in results]
 
     def finish(self, sources: list[ShardSource], parts: list[dict[str, Any]], index: bytes,
-               manifest: dict[str, Any], files: int) -> None:
+               manifest: Manifest, files: int) -> None:
         """With every shard in place: the index, then the staging prefix deleted (the run record
         last), then the manifest, last of all."""
         self.store.write_bytes(INDEX_NAME, index)
         if self.fields is not None:
             data = bytearray()
-            manifest["fields"] = self.fields(data.extend)
+            manifest.fields = self.fields(data.extend)
             self.store.write_bytes(FIELDS_NAME, bytes(data))
         clear_staging(self.staging, self.staging.listing_all())
-        manifest.update(parts=parts, index={"name": INDEX_NAME, "size": len(index),
-                                            "sha256": hashlib.sha256(index).hexdigest()})
+        manifest.parts, manifest.index = parts, index_entry(INDEX_NAME, index)
         self.store.write_bytes(MANIFEST_NAME, encode_manifest(manifest))
 
     def discard(self) -> None:
@@ -251,7 +249,7 @@ class UrlLmdbTarget:
         return [remote_task_source(self._task_store(r["task"])) for r in results]
 
     def finish(self, sources: list[ShardSource], parts: list[dict[str, Any]], index: bytes,
-               manifest: dict[str, Any], files: int) -> None:
+               manifest: Manifest, files: int) -> None:
         """Join the tasks' records (``sources``, task by task) into a local LMDB file, upload it
         whole, then delete the staging prefix (the run record last)."""
         name = self.destination.rsplit("/", 1)[-1]

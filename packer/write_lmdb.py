@@ -18,14 +18,13 @@ layout is the one any put gives; only the manifest, committed last, makes the pa
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import queue
 import tempfile
 import threading
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +43,7 @@ from packload.core.format import (
     lmdb_chunk_key,
 )
 from packload.core.lmdb_pages import file_place
-from packload.core.manifest import encode_manifest
+from packload.core.manifest import Manifest, encode_manifest, index_entry
 from packload.packer.append_file import pwrite_all, start_writeback
 from packload.packer.encode import Encoded
 from packload.packer.index_builder import IndexBuilder
@@ -221,16 +220,17 @@ class LmdbWriter:
             extra[lmdb_chunk_key(self.chunks)] = self._chunk_bytes()
         self._commits().commit(extra)
 
-    def finish(self, manifest: dict[str, Any], fields: FieldsPart | None = None) -> dict[str, Any]:
+    def finish(self, manifest: Mapping[str, Any], fields: FieldsPart | None = None) -> Manifest:
         """Store the last chunk, the index (then, for a pack made from a table, the fields part
         ``fields`` writes, with its manifest entry) and then the manifest; return the manifest."""
         if self._pieces:
             self._seal_chunk()
         final: dict[bytes, Any] = {PROGRESS_KEY: None}
-        manifest = dict(manifest, parts={"chunks": self.chunks, "chunk_size": self.chunk_size},
-                        index=self._store(LMDB_INDEX_KEY, self._index_part, final))
+        manifest = Manifest(manifest)
+        manifest.parts = {"chunks": self.chunks, "chunk_size": self.chunk_size}
+        manifest.index = self._store(LMDB_INDEX_KEY, self._index_part, final)
         if fields is not None:  # made once the index's memory is let go
-            manifest["fields"] = self._store(LMDB_FIELDS_KEY, fields, final)
+            manifest.fields = self._store(LMDB_FIELDS_KEY, fields, final)
         # One transaction: the pack is either unfinished (progress, no manifest) or complete.
         self._commits().commit({**final, LMDB_MANIFEST_KEY: encode_manifest(manifest)})
         self.env.sync(True)
@@ -241,7 +241,7 @@ class LmdbWriter:
         """Hand ``write`` the index (after which this writer's index is spent); its manifest entry."""
         index = self.index.take_bytes()
         write(index)
-        return {"name": LMDB_INDEX_KEY.decode(), "size": len(index), "sha256": hashlib.sha256(index).hexdigest()}
+        return index_entry(LMDB_INDEX_KEY.decode(), index)
 
     def _store(self, key: bytes, part: FieldsPart, final: dict[bytes, Any]) -> dict[str, Any]:
         """Store the value ``part`` writes, piece by piece, under ``key``; return what ``part`` returns.

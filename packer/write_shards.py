@@ -11,7 +11,7 @@ import json
 import mmap
 import os
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from packload.core.format import (
     shard_name,
     shard_number,
 )
-from packload.core.manifest import encode_manifest
+from packload.core.manifest import Manifest, encode_manifest, index_entry
 from packload.packer.append_file import HashingAppender
 from packload.packer.encode import Encoded
 from packload.packer.index_builder import IndexBuilder
@@ -145,7 +145,7 @@ class ShardsWriter:
             self._file.flush()
         write_file_atomic(self.folder / PROGRESS_NAME, json.dumps(progress).encode("utf-8"))
 
-    def finish(self, manifest: dict[str, Any], fields: FieldsPart | None = None) -> dict[str, Any]:
+    def finish(self, manifest: Mapping[str, Any], fields: FieldsPart | None = None) -> Manifest:
         """Close the last shard, write the index (then, for a pack made from a table, the fields part
         ``fields`` writes, with its manifest entry: made once the index's memory is let go), then the
         manifest; return the manifest."""
@@ -156,11 +156,11 @@ class ShardsWriter:
                 os.fsync(f.fileno())
         index = self.index.take_bytes()
         write_file_atomic(self.folder / INDEX_NAME, index)
-        manifest = dict(manifest, parts=self.parts,
-                        index={"name": INDEX_NAME, "size": len(index), "sha256": hashlib.sha256(index).hexdigest()})
+        manifest = Manifest(manifest)
+        manifest.parts, manifest.index = self.parts, index_entry(INDEX_NAME, index)
         del index
         if fields is not None:
-            manifest["fields"] = write_part_atomic(self.folder / FIELDS_NAME, fields)
+            manifest.fields = write_part_atomic(self.folder / FIELDS_NAME, fields)
         write_file_atomic(self.folder / MANIFEST_NAME, encode_manifest(manifest))
         (self.folder / PROGRESS_NAME).unlink(missing_ok=True)  # kept until now: a crash before can resume
         fsync_dir(self.folder)

@@ -32,7 +32,7 @@ import numpy as np
 from packload.core.display import terminal_safe
 from packload.core.errors import PackFormatError, UsageError
 from packload.core.format import INDEX_NAME, MANIFEST_NAME, decode_index, pack_size
-from packload.core.manifest import build_manifest, encode_manifest, ignored_count, skipped_count
+from packload.core.manifest import Manifest, build_manifest, encode_manifest, index_entry
 from packload.core.pack_download import download_pack
 from packload.core.progress import progress_bar
 from packload.core.remote import is_url
@@ -81,7 +81,7 @@ def _open_checked(path: Path) -> Any:
         problems = manifest_problems(reader)
         if problems:
             raise damaged(reader, problems[0]["file"], problems[0]["problem"])
-        if "fields" in reader.manifest:  # merged, its fields would be lost: refused rather than dropped
+        if reader.manifest.fields:  # merged, its fields would be lost: refused rather than dropped
             raise UsageError(f"{path}: a pack made from a table (it has fields); merge does not join fields yet: "
                              "pack the images together from one table instead")
     except BaseException:
@@ -132,8 +132,8 @@ def _check_headers(reader: Any) -> None:
         check(i)
 
 
-def _payload_options(manifest: dict[str, Any]) -> dict[str, Any]:
-    options = dict(manifest.get("options") or {}, encoding=manifest["encoding"])
+def _payload_options(manifest: Manifest) -> dict[str, Any]:
+    options = dict(manifest.options, encoding=manifest.encoding)
     if options["encoding"] == "keep":  # the original bytes whatever the other options said
         return {"encoding": "keep"}
     return {key: options.get(key) for key in PAYLOAD_OPTIONS}
@@ -157,7 +157,7 @@ def _check_compatible(readers: list[Any]) -> None:
                              if want.get(k) != got.get(k))
             raise UsageError(f"{reader.path}: packed with other payload options than {first.path} ({diff}); "
                              "a pack has one encoding, so these cannot be mixed: re-pack one of them to match")
-        if bool(reader.manifest.get("labelled", True)) != bool(first.manifest.get("labelled", True)):
+        if reader.manifest.labelled != first.manifest.labelled:
             raise UsageError(f"{reader.path}: one of {first.path} and {reader.path} is labelled and the other "
                              "is not; merge only labelled packs or only unlabelled ones")
 
@@ -196,10 +196,10 @@ def merge(out: str | os.PathLike[str], inputs: list[str | os.PathLike[str]], *, 
     return {
         "destination": str(out_path),
         "backend": backend,
-        "encoding": manifest["encoding"],
+        "encoding": manifest.encoding,
         "inputs": [str(p) for p in paths],
-        "records": manifest["records"],
-        "classes": len(manifest["classes"]),
+        "records": manifest.records,
+        "classes": len(manifest.classes),
         "remapped": sum(m is not None for m in maps),
         "shards_linked": linked,
         "pack_bytes": pack_size(out_path),
@@ -236,11 +236,11 @@ def _merge_remote(out: str | os.PathLike[str], inputs: list[str | os.PathLike[st
 
 
 def _merge_into(readers: list[Any], destination: PackDestination, backend: str,
-                progress: bool) -> tuple[dict[str, Any], list[np.ndarray | None], int]:
+                progress: bool) -> tuple[Manifest, list[np.ndarray | None], int]:
     """Write the merged pack into the destination's unfinished pack (removed again on any error); its
     manifest, the label maps and the number of shards hard-linked."""
     tmp, out_path = destination.partial, destination.path
-    labelled = bool(readers[0].manifest.get("labelled", True)) and any(r.classes for r in readers)
+    labelled = readers[0].manifest.labelled and any(r.classes for r in readers)
     classes = sorted({name for r in readers for name in r.classes}) if labelled else []
     maps = [label_map(r.classes, classes) if labelled else None for r in readers]
     total = sum(r.records for r in readers)
@@ -252,8 +252,7 @@ def _merge_into(readers: list[Any], destination: PackDestination, backend: str,
             index, labels, parts, linked = _merge_shards(readers, maps, tmp, bar)
             manifest = _manifest(readers, classes, labelled, labels, backend)
             write_file_atomic(tmp / INDEX_NAME, index)
-            manifest.update(parts=parts, index={"name": INDEX_NAME, "size": len(index),
-                                                "sha256": hashlib.sha256(index).hexdigest()})
+            manifest.parts, manifest.index = parts, index_entry(INDEX_NAME, index)
             write_file_atomic(tmp / MANIFEST_NAME, encode_manifest(manifest))
             fsync_dir(tmp)
         else:
@@ -280,7 +279,7 @@ def _create(path: Path, make: Callable[[], Any]) -> Any:
 
 
 def _merge_lmdb(readers: list[Any], maps: list[np.ndarray | None], tmp: Path, classes: list[str], labelled: bool,
-                total: int, bar: Any) -> dict[str, Any]:
+                total: int, bar: Any) -> Manifest:
     """Copy every input's records, checked, into the LMDB file ``tmp``; its manifest."""
     writer = _create(tmp, lambda: LmdbWriter(tmp, max(1 << 30, total * LMDB_MAP_PER_FILE)))
     try:
@@ -311,7 +310,7 @@ def _merge_shards(readers: list[Any], maps: list[np.ndarray | None], tmp: Path,
     for k, (reader, mapping) in enumerate(zip(readers, maps, strict=True)):
         if reader.backend == "shards":
             _check_headers(reader)
-            source = ShardSource(reader.path, reader.manifest["parts"], reader.entries, reader.paths, mapping)
+            source = ShardSource(reader.path, reader.manifest.shards, reader.entries, reader.paths, mapping)
             placed = place_shards(source, tmp, len(parts), record_base)  # each shard checked by its sha256
         else:  # an LMDB input: its records, checked, into shards of their own, then moved into place
             staging = tmp / f".input-{k}"
@@ -337,43 +336,33 @@ def _merge_shards(readers: list[Any], maps: list[np.ndarray | None], tmp: Path,
 
 
 def _manifest(readers: list[Any], classes: list[str], labelled: bool, labels: np.ndarray,
-              backend: str) -> dict[str, Any]:
+              backend: str) -> Manifest:
     """The merged pack's manifest: counts summed, lists joined (and capped, as ``build_manifest``
     does, with the inputs' full counts summed), options of the first input."""
-    manifests = [r.manifest for r in readers]
-    names = [str(m.get("source", {}).get("name", r.path.name)) for m, r in zip(manifests, readers, strict=True)]
-    skipped = [_entry(s) for m in manifests for s in m["skipped"]]
-    ignored = sorted((_entry(i) for m in manifests for i in m.get("ignored", [])), key=lambda item: item["path"])
+    manifests: list[Manifest] = [r.manifest for r in readers]
+    names = [str(m.source.get("name", r.path.name)) for m, r in zip(manifests, readers, strict=True)]
+    skipped = [_entry(s) for m in manifests for s in m.skipped]
+    ignored = sorted((_entry(i) for m in manifests for i in m.ignored), key=lambda item: item["path"])
     by_reason: dict[str, int] = {}
     for m in manifests:
-        for reason, count in _ignored_by_reason(m).items():
+        for reason, count in m.ignored_by_reason.items():
             by_reason[reason] = by_reason.get(reason, 0) + count
     return build_manifest(
-        backend=backend, encoding=manifests[0]["encoding"],
+        backend=backend, encoding=manifests[0].encoding,
         source={"name": "+".join(dict.fromkeys(names)),
-                "files": sum(r.records + skipped_count(r.manifest) for r in readers),  # as each input's verify checks it
-                "bytes": sum(int(m.get("source", {}).get("bytes", 0)) for m in manifests)},
+                "files": sum(r.records + r.manifest.skipped_count for r in readers),  # as each input's verify checks it
+                "bytes": sum(int(m.source.get("bytes", 0)) for m in manifests)},
         labelled=labelled, classes=classes, labels=labels,
         payload_bytes=sum(int(r.entries["payload_len"].sum()) for r in readers), skipped=skipped, ignored=ignored,
-        options=dict(manifests[0].get("options") or {}, backend=backend),
-        extra={"skipped_count": sum(skipped_count(m) for m in manifests),
-               "ignored_count": sum(ignored_count(m) for m in manifests),
-               "ignored_by_reason": dict(sorted(by_reason.items())),
-               "merged_from": [{"name": name, "records": r.records, "classes": r.classes,
-                                "index_sha256": hashlib.sha256(r.index_bytes()).hexdigest()}
-                               for name, r in zip(names, readers, strict=True)]})
+        options=dict(manifests[0].options, backend=backend),
+        skipped_count=sum(m.skipped_count for m in manifests),
+        ignored_count=sum(m.ignored_count for m in manifests),
+        ignored_by_reason=by_reason,
+        merged_from=[{"name": name, "records": r.records, "classes": r.classes,
+                      "index_sha256": hashlib.sha256(r.index_bytes()).hexdigest()}
+                     for name, r in zip(names, readers, strict=True)])
 
 
 def _entry(item: dict[str, Any]) -> dict[str, str]:
     return {"path": item["path"], "reason": str(item.get("reason", ""))}
 
-
-def _ignored_by_reason(manifest: dict[str, Any]) -> dict[str, int]:
-    """A manifest's left-out files counted by reason (from its own counts, else from its list)."""
-    if isinstance(manifest.get("ignored_by_reason"), dict):
-        return {str(k): int(v) for k, v in manifest["ignored_by_reason"].items()}
-    counts: dict[str, int] = {}
-    for item in manifest.get("ignored", []):
-        reason = str(item.get("reason", ""))
-        counts[reason] = counts.get(reason, 0) + 1
-    return counts
