@@ -31,7 +31,7 @@ from tests.reliability.packs import REPO, child_env, cli, one_line_error, record
 HOLDING_CHILD = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    import packload.packer.pipeline as p
+    import packload.packer.encode_stream as p
     from packload.packer.pack_destination import PackDestination
     from packload.cli import main
 
