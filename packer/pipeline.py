@@ -35,7 +35,7 @@ from packload.core.format import (
     shard_number,
 )
 from packload.core.lmdb_pages import file_keys
-from packload.core.manifest import build_manifest, ignored_count, skipped_count
+from packload.core.manifest import Manifest, build_manifest
 from packload.core.progress import progress_bar
 from packload.core.remote import is_url
 from packload.core.scan import ScanResult, printable
@@ -169,17 +169,17 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, backend: s
                                   progress, checkpoint_every, destination)
         destination.publish()
     seconds = time.perf_counter() - started
-    source_bytes = manifest["source"]["bytes"]
+    source_bytes = manifest.source["bytes"]
     run_files = len(scan.samples) - start  # a resumed pack's rates count this run's files only
     run_bytes = source_bytes - (_kept_source_bytes(scan, start, skipped) if start else 0)
     return {
         "destination": str(dst_path),
         "backend": backend,
         "encoding": options.encoding,
-        "records": manifest["records"],
-        "classes": len(manifest["classes"]),
-        "skipped": skipped_count(manifest),
-        "ignored": ignored_count(manifest),
+        "records": manifest.records,
+        "classes": len(manifest.classes),
+        "skipped": manifest.skipped_count,
+        "ignored": manifest.ignored_count,
         "source_bytes": source_bytes,
         "pack_bytes": pack_size(dst_path),
         "seconds": round(seconds, 3),
@@ -251,7 +251,7 @@ def _new_writer(destination: PackDestination, backend: str, shard_size: int, map
 
 def _write_or_keep(scan: ScanResult, writer: ShardsWriter | LmdbWriter, start: int, skipped: list[dict[str, Any]],
                    options: EncodeOptions, options_record: dict[str, Any], workers: int, strict: bool,
-                   progress: bool, checkpoint_every: int | None, destination: PackDestination) -> dict[str, Any]:
+                   progress: bool, checkpoint_every: int | None, destination: PackDestination) -> Manifest:
     """``_write_all``, with write failures as one line; the unfinished pack is kept for ``--resume``
     when it holds a record, and removed when it holds none (nothing to resume: the same command,
     run again, simply starts again)."""
@@ -319,7 +319,7 @@ def write_or_skip(item: Encoded | Skipped, pos: int, root: str | Path, writer: S
 
 def _write_all(scan: ScanResult, writer: ShardsWriter | LmdbWriter, start: int, skipped: list[dict[str, Any]],
                options: EncodeOptions, options_record: dict[str, Any], workers: int, strict: bool,
-               progress: bool, checkpoint_every: int | None) -> dict[str, Any]:
+               progress: bool, checkpoint_every: int | None) -> Manifest:
     """Feed every sample from ``start`` on through the encoder into ``writer``; finish the pack."""
     total = len(scan.samples)
     written_bytes = 0  # source bytes of the files packed in this run

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from packload.core.manifest import Manifest
 from packload.core.remote import RemoteStore, is_url
 from packload.core.scan import ScanResult, TopListing, list_class, list_top, merge_listings, scan_folder
 from packload.packer.remote_source import NO_IMAGES_HINT, list_class_keys, scan_url, source_name, url_errors
@@ -99,10 +100,10 @@ def table_of(scan: ScanResult) -> TableFields | None:
     return scan.table if isinstance(scan, TableScan) else None
 
 
-def fields_summary(manifest: dict[str, Any]) -> dict[str, Any]:
+def fields_summary(manifest: Manifest) -> dict[str, Any]:
     """What ``pack``'s summary says of a pack's fields: their names and types, and the table rows
     left out (None for a pack without a table)."""
-    fields = manifest.get("fields")
-    if fields is None:
+    fields = manifest.fields
+    if not fields:
         return {"fields": None, "rows_left_out": None}
     return {"fields": {c["name"]: c["type"] for c in fields["columns"]}, "rows_left_out": fields["rows_left_out_count"]}

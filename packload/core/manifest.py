@@ -339,17 +339,6 @@ def check_listed_size(size: int, listed: int | None, where: str) -> None:
                               "damaged, or the file is not this pack's: copy the pack again")
 
 
-def skipped_count(manifest: Mapping[str, Any]) -> int:
-    """``Manifest.skipped_count`` of ``manifest``. Kept for ``packer.pipeline`` until it reads the
-    property (its pack returns a ``Manifest``); new code reads ``manifest.skipped_count``."""
-    return Manifest(manifest).skipped_count
-
-
-def ignored_count(manifest: Mapping[str, Any]) -> int:
-    """``Manifest.ignored_count`` of ``manifest``; kept for ``packer.pipeline``, as ``skipped_count``."""
-    return Manifest(manifest).ignored_count
-
-
 def build_manifest(*, backend: str, encoding: str, source: dict[str, Any], labelled: bool, classes: list[str],
                    labels: np.ndarray, payload_bytes: int, skipped: Sequence[dict[str, Any]],
                    ignored: Sequence[dict[str, Any]], options: dict[str, Any],

@@ -281,18 +281,6 @@ HOME = "packload/core/manifest.py"
 # What holds a manifest: ``manifest``, ``manifests`` (``manifests[0]``), ``meta``, or ``*_manifest``,
 # as a variable or as an attribute (``reader.manifest``).
 _HOLDER = re.compile(r"(?:^|_)(?:manifests?|meta)$")
-# The sites left in modules that other work is changing right now (packer/pipeline.py,
-# packer/table_source.py, and the modules split from them: BUSY): they move to the accessors next
-# (manifest.source, manifest.records, manifest.classes, manifest.fields), and each entry goes with
-# its site. (path, code): the code as written, so that lines moving around it do not matter; a site
-# moved into another of the BUSY modules is still the same site.
-BUSY = re.compile(r"packer/(?:pipeline|encode_stream|table\w*)\.py")
-NOT_YET = {
-    ("packer/pipeline.py", 'manifest["source"]'),
-    ("packer/pipeline.py", 'manifest["records"]'),
-    ("packer/pipeline.py", 'manifest["classes"]'),
-    ("packer/table_source.py", 'manifest.get("fields")'),
-}
 
 
 def _is_str(node: ast.AST | None) -> bool:
@@ -350,17 +338,12 @@ def test_no_manifest_key_is_spelt_outside_its_module() -> None:
     sources = sorted({p.resolve().relative_to(ROOT).as_posix() for folder in LIBRARY
                       for p in (ROOT / folder).rglob("*.py")})
     assert HOME in sources and "packer/write_shards.py" in sources and "loaders/verify.py" in sources
-    assert all(BUSY.fullmatch(path) for path, _ in NOT_YET)
-    found, allowed = [], set()
+    found = []
     for rel in sources:
         if rel == HOME:
             continue
         for line, code in key_literals((ROOT / rel).read_text()):
-            if BUSY.fullmatch(rel) and code in {listed for _, listed in NOT_YET}:
-                allowed |= {(path, listed) for path, listed in NOT_YET if listed == code}
-            else:
-                found.append(f"{rel}:{line}: {code}")
+            found.append(f"{rel}:{line}: {code}")
     assert not found, ("manifest keys spelt outside packload/core/manifest.py: read them through the Manifest's "
                        "properties (manifest.records, manifest.skipped_count, manifest.shards, ...) and set them "
                        "through its setters (manifest.parts, manifest.index, manifest.fields):\n" + "\n".join(found))
-    assert allowed == NOT_YET, f"gone from the code, so remove from NOT_YET: {sorted(NOT_YET - allowed)}"
