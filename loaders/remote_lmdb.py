@@ -11,6 +11,7 @@ import errno
 
 from packload.core.errors import PackChangedError, UsageError
 from packload.core.remote import ObjectChangedError, RemoteStore, tag_of
+from packload.loaders.cache_folder import CacheUnusableError
 from packload.loaders.read_cache import BlockCache, pack_folder_name
 
 
@@ -31,8 +32,7 @@ def fetch_lmdb(store: RemoteStore, cache: BlockCache) -> str:
         return str(found)
     problem = cache.problem()
     if problem:
-        raise UsageError(f"{store.shown}: an LMDB pack at a URL is fetched whole into the cache folder, and that "
-                         f"cannot be used: {problem}; give cache_dir (or PACKLOAD_CACHE) a folder you can write to")
+        raise _cache_unusable(store, problem)
     if size + 4096 > cache.limit:
         raise UsageError(f"{store.shown}: an LMDB pack of {size:,} bytes does not fit the cache of "
                          f"{cache.limit:,} bytes at {cache.folder} (LMDB packs are fetched whole); raise "
@@ -42,7 +42,11 @@ def fetch_lmdb(store: RemoteStore, cache: BlockCache) -> str:
         raise UsageError(f"{store.shown}: an LMDB pack of {size:,} bytes is fetched whole into the cache folder "
                          f"{cache.folder}, whose disk has {free:,} bytes free; free space there, or give cache_dir "
                          "a folder on a larger disk")
-    with cache.fetching(pack, identity):
+    try:
+        fetching = cache.fetching(pack, identity)
+    except CacheUnusableError as exc:  # e.g. a file of the user's where the pack's folder goes
+        raise _cache_unusable(store, str(exc)) from None
+    with fetching:
         found = cache.path(pack, identity, size)  # fetched meanwhile by another process
         if found is not None:
             return str(found)
@@ -52,6 +56,11 @@ def fetch_lmdb(store: RemoteStore, cache: BlockCache) -> str:
         raise UsageError(f"{store.shown}: the cache at {cache.folder} made room for other files while the LMDB pack "
                          "was fetched; raise cache_limit and retry")
     return str(found)
+
+
+def _cache_unusable(store: RemoteStore, why: str) -> UsageError:
+    return UsageError(f"{store.shown}: an LMDB pack at a URL is fetched whole into the cache folder, and that "
+                      f"cannot be used: {why}; give cache_dir (or PACKLOAD_CACHE) a folder you can write to")
 
 
 def _download_into_cache(store: RemoteStore, cache: BlockCache, pack: str, identity: str, size: int,

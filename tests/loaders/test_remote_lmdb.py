@@ -7,6 +7,7 @@ server on 127.0.0.1."""
 from __future__ import annotations
 
 import errno
+import shutil
 import threading
 from pathlib import Path
 
@@ -144,3 +145,20 @@ def test_a_folder_without_a_manifest_is_no_lmdb_pack(store, tmp_path):
     with pytest.raises(UsageError) as info:
         fetch_lmdb(RemoteStore(url, options(store)), _cache(tmp_path))
     assert str(info.value) == f"{url}: a folder without a pack manifest; give a shards pack or an .lmdb object"
+
+
+def test_a_file_where_the_packs_cache_folder_goes_is_refused_in_one_line(store, packs, tmp_path):
+    url = upload(store, packs["a"], BUCKET, f"{tmp_path.name}/p.lmdb")
+    cache = _cache(tmp_path)
+    fetch_lmdb(RemoteStore(url, options(store)), cache)
+    [folder] = [p for p in cache.folder.iterdir() if p.is_dir()]
+    shutil.rmtree(folder)
+    folder.write_bytes(b"the user's file")
+    cache = _cache(tmp_path)  # another process's cache, which has not opened the folder before
+    with pytest.raises(UsageError) as info:
+        fetch_lmdb(RemoteStore(url, options(store)), cache)
+    message = str(info.value)
+    assert message.startswith(f"{url}: an LMDB pack at a URL is fetched whole into the cache folder, and that "
+                              "cannot be used: ") and "\n" not in message
+    assert message.endswith("; give cache_dir (or PACKLOAD_CACHE) a folder you can write to")
+    assert folder.read_bytes() == b"the user's file"
