@@ -34,13 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from packload.diagnose.gpu_step import DummyStep  # noqa: E402
 from packload.diagnose.loader_memory import MemoryGuard  # noqa: E402
 from packload.diagnose.tune import DEFAULT_TOLERANCE, tune  # noqa: E402
-from packload.diagnose.tune_search import (  # noqa: E402
-    PREFETCH_DEEPER,
-    PREFETCH_DEFAULT,
-    Key,
-    TrialRunner,
-    select,
-)
+from packload.diagnose.tune_runner import TrialRunner  # noqa: E402
+from packload.diagnose.tune_search import PREFETCH_DEEPER, PREFETCH_DEFAULT  # noqa: E402
+from packload.diagnose.tune_trials import Key, select  # noqa: E402
 
 
 class WaitingSamples(Dataset):

@@ -13,7 +13,7 @@ GUESS_WORKER_BYTES = 256 << 20  # before any worker has been measured
 
 
 class MeasuredWorkers(Protocol):
-    """What the guard learns from a measured trial (``tune_search.Trial`` has it): named here so that
+    """What the guard learns from a measured trial (``tune_trials.Trial`` has it): named here so that
     this module does not import the search, which imports it."""
 
     num_workers: int

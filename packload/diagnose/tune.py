@@ -40,7 +40,8 @@ from packload.diagnose.measure import machine_info
 from packload.diagnose.training_loop import DEFAULT_STEP_MS, DEFAULT_SYNC, resolve_step
 from packload.diagnose.tune_report import format_report
 from packload.diagnose.tune_result import TuneResult
-from packload.diagnose.tune_search import WAITING_CAP, Cycle, Search, TrialRunner, descriptor_workers
+from packload.diagnose.tune_runner import Cycle, TrialRunner
+from packload.diagnose.tune_search import WAITING_CAP, Search, descriptor_workers
 from packload.diagnose.tune_trials import Trial, select
 from packload.diagnose.tune_verdict import CACHED_SHARE, why_emulated
 from packload.loaders.dataset import PackedImageFolder

@@ -19,7 +19,8 @@ from packload.core.display import plural
 from packload.core.progress import progress_bar, progress_line
 from packload.diagnose.gpu_step import DummyStep
 from packload.diagnose.loader_memory import MemoryGuard
-from packload.diagnose.tune_search import FAST_PATH, Trial, TrialRunner
+from packload.diagnose.tune_runner import TrialRunner
+from packload.diagnose.tune_trials import FAST_PATH, Trial
 from packload.loaders.crop import CenterCrop
 from packload.loaders.dataset import PackedImageFolder
 from packload.loaders.pack_loader import PackLoader

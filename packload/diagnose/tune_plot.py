@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from packload.core.errors import PackloadError
-from packload.diagnose.tune_search import PREFETCH_DEFAULT, Trial, aggregate
+from packload.diagnose.tune_search import PREFETCH_DEFAULT
+from packload.diagnose.tune_trials import Trial, aggregate
 
 
 class Tuned(Protocol):

@@ -10,9 +10,6 @@ for the fewest workers within ``tolerance`` of the best rate; then a deeper pref
 (on CUDA) ``pin_memory`` at that point; then the pick is measured again so that no lucky outlier
 wins. The pick is the cheapest configuration (fewest workers, shallowest queue, no pinning)
 within ``tolerance`` of the best (``tune_trials.select``).
-
-The trial, its comparisons (``tune_trials``) and its runner (``tune_runner``) are importable from
-here too, where the tuner's other parts have always found them.
 """
 
 from __future__ import annotations
@@ -20,22 +17,11 @@ from __future__ import annotations
 import math
 import time
 
-from packload.diagnose.tune_runner import MIN_WINDOWS, Cycle, TrialRunner
-from packload.diagnose.tune_trials import (
-    FAST_PATH,
-    Key,
-    Trial,
-    aggregate,
-    cost,
-    median_trial,
-    rate_text,
-    select,
-    trial_label,
-)
+from packload.diagnose.tune_runner import MIN_WINDOWS, TrialRunner
+from packload.diagnose.tune_trials import Key, Trial, aggregate, select
 
-__all__ = ["CAP_REACHED", "DESCRIPTORS_REACHED", "FAST_PATH", "FDS_PER_WORKER", "MIN_WINDOWS", "PREFETCH_DEEPER",
-           "PREFETCH_DEFAULT", "WAITING_CAP", "WAITING_SHARE", "Cycle", "Key", "Search", "Trial", "TrialRunner",
-           "aggregate", "cost", "descriptor_workers", "median_trial", "rate_text", "select", "trial_label"]
+__all__ = ["CAP_REACHED", "DESCRIPTORS_REACHED", "FDS_PER_WORKER", "PREFETCH_DEEPER", "PREFETCH_DEFAULT", "WAITING_CAP",
+           "WAITING_SHARE", "Search", "descriptor_workers"]
 
 PREFETCH_DEFAULT = 2
 PREFETCH_DEEPER = (4, 8)

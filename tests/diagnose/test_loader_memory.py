@@ -24,7 +24,7 @@ MIB, GIB = 1 << 20, 1 << 30
 
 @dataclass
 class Measured:
-    """A trial's worker memory, as ``tune_search.Trial`` carries it."""
+    """A trial's worker memory, as ``tune_trials.Trial`` carries it."""
 
     num_workers: int
     worker_pss_mb: float

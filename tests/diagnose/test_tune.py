@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from packload import pack  # noqa: E402
 from packload.core.errors import UsageError  # noqa: E402
-from packload.diagnose import loader_memory, tune_search  # noqa: E402
+from packload.diagnose import loader_memory, tune_runner, tune_search, tune_trials  # noqa: E402
 from packload.diagnose import tune as tune_module  # noqa: E402
 from packload.diagnose.gpu_step import DummyStep  # noqa: E402
 from packload.diagnose.loader_config import LoaderConfigError, load_loader_config  # noqa: E402
@@ -38,7 +38,8 @@ from packload.diagnose.tune import (  # noqa: E402
     tune,
 )
 from packload.diagnose.tune_inputs import tune_path  # noqa: E402
-from packload.diagnose.tune_search import MIN_WINDOWS, aggregate, cost  # noqa: E402
+from packload.diagnose.tune_runner import MIN_WINDOWS  # noqa: E402
+from packload.diagnose.tune_trials import aggregate, cost  # noqa: E402
 from tests.image_factory import make_image_folder  # noqa: E402
 
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without CUDA")
@@ -91,7 +92,7 @@ def modelled_rate(ms: float, batch_size: int, step_ms: float, sync: bool, worker
     return batch_size / max(step, load / workers)
 
 
-class _Modelled(tune_search.TrialRunner):
+class _Modelled(tune_runner.TrialRunner):
     """``TrialRunner``'s stand-in in ``tune``: each trial's figures from ``modelled_rate`` for the
     tuned ``Sleepy``, its time taken from the virtual clock as TrialRunner takes it: start-up, then
     windows of one batch per worker (at least two) for the steady time asked for and at least
@@ -111,7 +112,7 @@ class _Modelled(tune_search.TrialRunner):
         note = "cut short by the time budget" if ends > deadline else ""
         if not batches:
             rate = 0.0
-        return tune_search.Trial(workers, prefetch if workers else None, pin, samples_per_s=rate,
+        return tune_trials.Trial(workers, prefetch if workers else None, pin, samples_per_s=rate,
                                  batches_per_s=rate / self.batch_size,
                                  gpu_wait=max(0.0, 1 - rate / self.step_rate) if rate else 1.0, startup_s=STARTUP_S,
                                  worker_rss_mb=60.0 * workers, worker_pss_mb=20.0 * workers, noise=0.01,
@@ -384,7 +385,7 @@ def test_the_main_process_figures_the_model_gives_are_what_a_trial_measures(monk
     monkeypatch.setattr(tune_runner, "time", clock)
     monkeypatch.setattr(gpu_step, "time", clock)
     step = DummyStep(step_ms=20, device="cpu", sync=sync)
-    runner = tune_search.TrialRunner(_CostlyOnTheClock(1.2, clock), 16, None, None, step, step.step_rate(16),
+    runner = tune_runner.TrialRunner(_CostlyOnTheClock(1.2, clock), 16, None, None, step, step.step_rate(16),
                                      loader_memory.MemoryGuard(margin_bytes=0), lambda status: None)
     trial = runner.run(0, None, False, steady_s=1.0, deadline=clock.now + 30, phase="coarse")
     model = modelled_rate(1.2, 16, 20, sync, 0)
@@ -538,7 +539,7 @@ class _RatesRunner:
     def run(self, workers, prefetch, pin, steady_s, deadline, phase):
         self.measured.append(workers)
         rate = self.rates[workers]
-        return tune_search.Trial(workers, prefetch, pin, samples_per_s=rate, batches_per_s=rate / 16,
+        return tune_trials.Trial(workers, prefetch, pin, samples_per_s=rate, batches_per_s=rate / 16,
                                  gpu_wait=0.5, startup_s=0.0, worker_rss_mb=0.0, worker_pss_mb=0.0, noise=0.0,
                                  cpu_cores=1.0, batches=10, seconds=1.0, phase=phase)
 
@@ -553,7 +554,7 @@ def test_many_cores_skip_one_worker_in_the_ladder_but_the_bisection_still_finds_
     assert 1 not in runner.measured and runner.measured[:2] == [0, 2]
     search.fine()
     assert runner.measured[-1] == 1, "the bisection between 0 and 2 measures 1"
-    pick, _ = tune_search.select(search.trials, 0.04)
+    pick, _ = tune_trials.select(search.trials, 0.04)
     assert pick.num_workers == 1
 
 
@@ -598,7 +599,7 @@ def test_the_ladder_climbs_past_the_cores_while_the_workers_wait():
     search = _search(waiting)
     assert search.coarse() == "plateau"
     assert max(waiting.measured) > 2 and 16 in waiting.measured
-    assert tune_search.select(search.trials, 0.04)[0].num_workers == 16
+    assert tune_trials.select(search.trials, 0.04)[0].num_workers == 16
     busy = _WaitingRunner({w: 100.0 * max(w, 0.5) for w in ladder}, {w: min(2.0, 0.9 * max(w, 1)) for w in ladder})
     search = _search(busy)
     assert search.coarse() == "cores" and max(busy.measured) == 2

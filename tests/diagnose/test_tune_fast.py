@@ -16,7 +16,7 @@ from packload import PackedImageFolder, pack
 from packload.diagnose import tune_fast
 from packload.diagnose.gpu_step import DummyStep
 from packload.diagnose.tune_fast import tune_fast_path
-from packload.diagnose.tune_search import FAST_PATH, Trial
+from packload.diagnose.tune_trials import FAST_PATH, Trial
 from tests.image_factory import make_image_folder
 
 BATCH, SIZE = 4, 16

@@ -16,7 +16,7 @@ import pytest
 
 from packload.core.errors import PackloadError
 from packload.diagnose.tune_plot import PlotUnavailableError, plot_result, require_matplotlib
-from packload.diagnose.tune_search import Trial
+from packload.diagnose.tune_trials import Trial
 
 matplotlib = pytest.importorskip("matplotlib")
 import matplotlib.pyplot as plt  # noqa: E402

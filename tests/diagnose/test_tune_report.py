@@ -19,7 +19,7 @@ from packload.cli_parser import in_flag_names, subcommand_parsers
 from packload.diagnose.training_loop import DEFAULT_STEP_MS, loop_words
 from packload.diagnose.tune import TuneResult, tune
 from packload.diagnose.tune_report import TABLE_HEAD, format_report
-from packload.diagnose.tune_search import Trial, rate_text
+from packload.diagnose.tune_trials import Trial, rate_text
 from tests.diagnose.test_tune import Sleepy
 from tests.diagnose.test_tune_result import result as hand_built
 from tests.image_factory import make_image_folder, write_odd_images

@@ -12,9 +12,9 @@ import torch
 
 from packload.diagnose import loader_memory
 from packload.diagnose.loader_memory import MemoryGuard, batch_nbytes
-from packload.diagnose.tune_search import (
+from packload.diagnose.tune_runner import Cycle
+from packload.diagnose.tune_trials import (
     FAST_PATH,
-    Cycle,
     Trial,
     aggregate,
     cost,
