@@ -50,7 +50,8 @@ from packload.packer.encode_stream import encoded_chunks
 from packload.packer.pack_destination import PackDestination
 from packload.packer.pack_url import pack_to_url
 from packload.packer.resume_options import options_changed, options_from_record
-from packload.packer.table_source import TableOptions, fields_summary, scan_source, table_of
+from packload.packer.table_options import TableOptions
+from packload.packer.table_source import fields_summary, scan_source, table_of
 from packload.packer.url_destination import pack_name
 from packload.packer.write_lmdb import LmdbWriter
 from packload.packer.write_shards import ShardsWriter

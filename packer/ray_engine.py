@@ -48,7 +48,8 @@ from packload.packer.ray_resume import run_record
 from packload.packer.ray_scan import list_source_top, scan_in_tasks
 from packload.packer.ray_tasks import pack_range, place_task, settle_after_failure
 from packload.packer.ray_url import UrlLmdbTarget, UrlTarget, url_target
-from packload.packer.table_source import TableOptions, fields_summary, ray_scan, table_of, table_or_none
+from packload.packer.table_options import TableOptions
+from packload.packer.table_source import fields_summary, ray_scan, table_of, table_or_none
 
 INSTALL_HINT = '--engine ray needs Ray, which is not installed; pip install "packload[ray]"'
 MIN_TASK_FILES = 5000  # files per task at least: each task has a fixed cost (scheduling, start-up)

@@ -38,9 +38,9 @@ from packload.packer.remote_source import NO_IMAGES_HINT, list_class_keys, scan_
 from packload.packer.table import Table
 from packload.packer.table_fields import TableFields, TableScan
 from packload.packer.table_match import join
-from packload.packer.table_options import TableOptions, parse_field_spec, table_options
+from packload.packer.table_options import TableOptions, table_options
 
-__all__ = ["TableOptions", "fields_summary", "parse_field_spec", "ray_scan", "scan_for", "scan_source", "table_of",
+__all__ = ["fields_summary", "ray_scan", "scan_for", "scan_source", "table_of",
            "table_or_none"]
 
 

@@ -95,7 +95,7 @@ def _pack_with_ray(args: argparse.Namespace, options: Any) -> dict[str, Any]:
 
 def _table_options(args: argparse.Namespace) -> Any:
     """``--labels`` and the options that go with it, as ``TableOptions`` (None without a table)."""
-    from packload.packer.table_source import TableOptions, parse_field_spec
+    from packload.packer.table_options import TableOptions, parse_field_spec
 
     if args.labels is None:
         given = [flag for flag, value in (("--path-column", args.path_column), ("--label-column", args.label_column),

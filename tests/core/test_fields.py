@@ -13,7 +13,7 @@ import pytest
 from packload import PackedImageFolder, PackFormatError, pack
 from packload.core.fields import Column, decode_fields, encode_fields
 from packload.core.format import FIELD_COLUMN, FIELD_TYPES, FIELD_VALUES, FIELDS_HEADER
-from packload.packer.table_source import TableOptions
+from packload.packer.table_options import TableOptions
 from tests.core.test_format_doc import DOC, DOC_TEXT, Layout, _section, _table_rows
 from tests.fields_source import make_source, typed
 

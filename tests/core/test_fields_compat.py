@@ -18,7 +18,7 @@ import pytest
 
 from packload import PackedImageFolder, pack
 from packload.core.format import LMDB_INDEX_KEY
-from packload.packer.table_source import TableOptions
+from packload.packer.table_options import TableOptions
 from tests.fields_source import make_source
 
 REPO = Path(__file__).resolve().parents[2]

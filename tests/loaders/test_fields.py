@@ -26,7 +26,7 @@ from packload import (
     verify,
 )
 from packload.core.format import FIELDS_NAME, LMDB_FIELDS_KEY
-from packload.packer.table_source import TableOptions
+from packload.packer.table_options import TableOptions
 from tests.fields_source import GOOD, HEADER, make_source, read_table, typed
 
 GIVEN = {"age": "int", "attrs": "list[int]"}

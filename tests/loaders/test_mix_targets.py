@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from packload import CenterCrop, PackedImageFolder, PackLoader, UsageError, batch_loader, mix, pack
-from packload.packer.table_source import TableOptions
+from packload.packer.table_options import TableOptions
 from tests.fields_source import HEADER, make_source, write_images
 
 # The second pack's rows: other classes ("cat" in both), every attrs list 3 long, and an "extra" column

@@ -18,7 +18,7 @@ from packload.cli import main  # noqa: E402
 from packload.core.format import FIELDS_NAME  # noqa: E402
 from packload.core.pack_download import download_pack  # noqa: E402
 from packload.core.remote import RemoteStore  # noqa: E402
-from packload.packer.table_source import TableOptions  # noqa: E402
+from packload.packer.table_options import TableOptions  # noqa: E402
 from tests.fields_source import make_source, read_table  # noqa: E402
 from tests.object_store import ObjectStore  # noqa: E402
 from tests.ray_local import LocalRay, local_ray  # noqa: E402, F401 - a fixture

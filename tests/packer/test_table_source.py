@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from packload import PackedImageFolder, SkippedFileError, UsageError, pack
-from packload.packer.table_source import TableOptions, parse_field_spec
+from packload.packer.table_options import TableOptions, parse_field_spec
 from tests.fields_source import (
     BAD_ROWS,
     GOOD,
